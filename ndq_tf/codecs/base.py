@@ -1,0 +1,404 @@
+"""The codec interface: encode a tensor into a wire payload, decode it back.
+
+A codec is configuration plus pure functions: it holds no random state; the
+seed is an argument, and the same `(x, seed)` always gives the same payload.
+Encoding and decoding run as XLA-compiled functions (one compilation per
+shape), which fuses the hash RNG, the quantizer and the packing into a few
+passes over memory and makes the results bitwise identical whether the
+caller runs eagerly, in a `tf.function` or under XLA itself.
+"""
+
+import math
+
+import keras
+import tensorflow as tf
+
+from ndq_tf.ops import packing_ops
+from ndq_tf.ops import random_ops
+
+__all__ = [
+    "Codec",
+    "Payload",
+]
+
+
+class Payload(tf.experimental.ExtensionType):
+  """What a codec puts on the wire for one tensor.
+
+  Attributes:
+    words: 1-D `int32` tensor, the packed codes (or raw bits).
+    scales: 1-D `float32` tensor, one scale per bucket (may be empty).
+    shape: static shape of the encoded tensor (not sent: receivers know it).
+    dtype: dtype of the encoded tensor (not sent either).
+  """
+  words: tf.Tensor
+  scales: tf.Tensor
+  shape: tf.TensorShape
+  dtype: tf.DType
+
+
+def check_int(name, value, low, high=None):
+  """Validates an integer constructor argument; returns it as an `int`."""
+  if (isinstance(value, bool) or not isinstance(value, int)
+      or value < low or (high is not None and value > high)):
+    rule = f">= {low}" if high is None else f"in [{low}, {high}]"
+    raise ValueError(
+        f"`{name}` must be an integer {rule}. Received: {name}={value!r}.")
+  return int(value)
+
+
+def check_float(name, value, low, high, low_inclusive=False):
+  """Validates a float argument in `(low, high]` (or `[low, high]`)."""
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  if ok:
+    value = float(value)
+    ok = (math.isfinite(value) and value <= high
+          and (value >= low if low_inclusive else value > low))
+  if not ok:
+    left = "[" if low_inclusive else "("
+    raise ValueError(
+        f"`{name}` must be a number in {left}{low}, {high}]. Received: "
+        f"{name}={value!r}.")
+  return value
+
+
+def compute_dtype(dtype):
+  """Codecs compute in float64 for float64 inputs and in float32 otherwise."""
+  return tf.float64 if dtype == tf.float64 else tf.float32
+
+
+def to_buckets(x, bucket_size):
+  """Pads the flat `x` with zeros to whole buckets: shape `[B, bucket_size]`."""
+  n = x.shape[0]
+  num_buckets = -(-n // bucket_size)
+  x = tf.pad(x, [[0, num_buckets * bucket_size - n]])
+  return tf.reshape(x, [num_buckets, bucket_size])
+
+
+def from_buckets(xb, n):
+  return tf.reshape(xb, [-1])[:n]
+
+
+def float32_scale_up(value):
+  """Rounds a non-negative scale to float32, upwards.
+
+  The encoder normalizes by the scale the receivers will see (the float32
+  on the wire); rounding up keeps the normalized values inside `[-1, 1]`.
+  """
+  if value.dtype == tf.float32:
+    return value
+  rounded = tf.cast(value, tf.float32)
+  up = tf.math.nextafter(rounded, tf.constant(math.inf, tf.float32))
+  return tf.where(tf.cast(rounded, value.dtype) < value, up, rounded)
+
+
+def bucket_scales(xb, norm="max"):
+  """Per-bucket scales as sent on the wire: `float32`, NaN for bad buckets.
+
+  A bucket holding a NaN or an Inf gets the scale NaN, so that every value
+  decoded from it is NaN: non-finite gradients stay visible to loss scaling
+  and are never turned into finite garbage.
+
+  Args:
+    xb: `[B, d]` float tensor.
+    norm: "max" (the ∞-norm, DQSG/TernGrad) or "l2" (QSGD).
+
+  Returns:
+    `float32` tensor of shape `[B]`.
+  """
+  finite = tf.math.is_finite(xb)
+  clean = tf.where(finite, xb, tf.zeros_like(xb))
+  if norm == "max":
+    kappa = tf.reduce_max(tf.abs(clean), axis=1)
+  else:
+    kappa = tf.sqrt(tf.reduce_sum(tf.square(clean), axis=1))
+  kappa = float32_scale_up(kappa)
+  nan = tf.constant(math.nan, tf.float32)
+  return tf.where(tf.reduce_all(finite, axis=1), kappa, nan)
+
+
+def normalize(xb, step):
+  """`xb / step` per bucket, and 0 where the step is 0 or not finite.
+
+  Division (rather than multiplication by a reciprocal) keeps the result a
+  single correctly rounded operation that no compiler may fuse differently.
+
+  Args:
+    xb: `[B, d]` tensor.
+    step: `[B]` tensor of xb's dtype.
+
+  Returns:
+    `[B, d]` tensor.
+  """
+  valid = tf.math.logical_and(tf.math.is_finite(step), step > 0)
+  safe = tf.where(valid, step, tf.ones_like(step))[:, None]
+  return tf.where(valid[:, None], xb / safe, tf.zeros_like(xb))
+
+
+class Codec:
+  """Base class of all codecs.
+
+  Subclasses set `needs_seed` / `needs_side_information` and implement
+  `_num_words`, `_num_scales`, `_encode_flat` and `_decode_flat` as pure TF
+  functions of flat tensors; this class handles validation, shapes, dtypes,
+  compilation and the wire layout.
+  """
+
+  #: Whether `decode` needs the encoder's seed (to subtract the dither).
+  needs_seed = False
+  #: Whether `encode` uses randomness (and so needs a seed).
+  needs_encode_seed = False
+  #: Whether `decode` needs `side_information` (nested codecs).
+  needs_side_information = False
+
+  bucket_size = None
+  alphabet_size = None
+
+  # -- Subclass hooks ---------------------------------------------------------
+
+  def _num_words(self, num_elements):
+    raise NotImplementedError
+
+  def _num_scales(self, num_elements):
+    return 0
+
+  def _encode_flat(self, x, seed):
+    """Returns `(words, scales)` for the flat tensor `x` (compute dtype)."""
+    raise NotImplementedError
+
+  def _decode_flat(self, words, scales, num_elements, seed, side_information,
+                   dtype):
+    """Returns the flat decoded tensor in the compute dtype `dtype`."""
+    raise NotImplementedError
+
+  def get_config(self):
+    return {}
+
+  # -- Public API -------------------------------------------------------------
+
+  @classmethod
+  def from_config(cls, config):
+    return cls(**config)
+
+  def __repr__(self):
+    args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+    return f"{type(self).__name__}({args})"
+
+  def __eq__(self, other):
+    return (type(self) is type(other)
+            and self.get_config() == other.get_config())
+
+  def __hash__(self):
+    return hash((type(self).__name__,
+                 tuple(sorted(self.get_config().items()))))
+
+  def num_words(self, num_elements):
+    """Number of `int32` code words in the payload of `num_elements` values."""
+    return self._num_words(_check_count(num_elements))
+
+  def num_scales(self, num_elements):
+    """Number of `float32` scales in the payload of `num_elements` values."""
+    return self._num_scales(_check_count(num_elements))
+
+  def wire_bits(self, num_elements):
+    """Exact bits on the wire for a tensor of `num_elements` elements.
+
+    Equals `32 * (payload.words.shape[0] + payload.scales.shape[0])`.
+    """
+    return 32 * (self.num_words(num_elements) + self.num_scales(num_elements))
+
+  def encode(self, x, seed=None):
+    """Encodes a floating point tensor.
+
+    Args:
+      x: tensor of any static shape, dtype float16, bfloat16, float32 or
+        float64.
+      seed: shape-`[2]` integer tensor (TF's stateless convention); required
+        by the codecs that draw random numbers.
+
+    Returns:
+      A `Payload`.
+
+    Raises:
+      TypeError: if `x` is not floating point or `seed` not integer.
+      ValueError: if `x` has no static shape, or a needed seed is missing.
+    """
+    x = _check_input(x)
+    seed = self._check_seed(seed, self.needs_encode_seed, "encode")
+    n = x.shape.num_elements()
+    if n == 0:
+      words = tf.zeros([0], tf.int32)
+      scales = tf.zeros([0], tf.float32)
+    else:
+      flat = tf.reshape(tf.cast(x, compute_dtype(x.dtype)), [-1])
+      words, scales = self._compiled_encode(flat, seed)
+    return Payload(words=words, scales=scales, shape=x.shape, dtype=x.dtype)
+
+  def decode(self, payload, seed=None, side_information=None):
+    """Decodes a payload back to a tensor of the encoded shape and dtype.
+
+    Args:
+      payload: a `Payload` from `encode` (or `from_wire`).
+      seed: the encoder's seed; required when `needs_seed`.
+      side_information: the receiver's estimate of the tensor, of the same
+        shape; required by nested codecs, rejected by the others.
+
+    Returns:
+      A tensor of `payload.shape` and `payload.dtype`.
+
+    Raises:
+      TypeError, ValueError: for a missing or malformed argument.
+    """
+    if not isinstance(payload, Payload):
+      raise TypeError(
+          f"`payload` must be an ndq_tf Payload (from encode or from_wire). "
+          f"Received: payload of type {type(payload).__name__}.")
+    seed = self._check_seed(seed, self.needs_seed, "decode")
+    cdtype = compute_dtype(payload.dtype)
+    n = payload.shape.num_elements()
+    if self.needs_side_information:
+      if side_information is None:
+        raise ValueError(
+            f"{type(self).__name__}.decode needs `side_information`: the "
+            f"receiver's estimate of the encoded tensor. Received: "
+            f"side_information=None.")
+      side_information = tf.convert_to_tensor(side_information)
+      if not side_information.dtype.is_floating:
+        raise TypeError(
+            f"`side_information` must be floating point. Received: "
+            f"side_information with dtype {side_information.dtype.name}.")
+      if not side_information.shape.is_compatible_with(payload.shape):
+        raise ValueError(
+            f"`side_information` must have the encoded shape "
+            f"{payload.shape}. Received: side_information with shape "
+            f"{side_information.shape}.")
+      side_information = tf.reshape(
+          tf.cast(side_information, cdtype), [-1])
+    elif side_information is not None:
+      raise ValueError(
+          f"{type(self).__name__} does not use `side_information` (only "
+          f"nested codecs do). Received: side_information="
+          f"{side_information!r}.")
+    if n == 0:
+      return tf.zeros(payload.shape, payload.dtype)
+    flat = self._compiled_decode(payload.words, payload.scales, n, seed,
+                                 side_information, cdtype)
+    return tf.cast(tf.reshape(flat, payload.shape), payload.dtype)
+
+  def to_wire(self, payload):
+    """Flattens a payload into one `int32` tensor: words, then scales' bits."""
+    return tf.concat(
+        [payload.words, tf.bitcast(payload.scales, tf.int32)], axis=0)
+
+  def from_wire(self, wire, shape, dtype):
+    """Inverse of `to_wire`, given the static shape and dtype of the tensor.
+
+    Args:
+      wire: 1-D `int32` tensor of `wire_bits(n) / 32` elements.
+      shape: the encoded tensor's static shape.
+      dtype: the encoded tensor's dtype.
+
+    Returns:
+      A `Payload`.
+    """
+    shape = tf.TensorShape(shape)
+    n = shape.num_elements()
+    if n is None:
+      raise ValueError(f"`shape` must be fully defined. Received: {shape}.")
+    num_words = self.num_words(n)
+    num_scales = self.num_scales(n)
+    wire = tf.convert_to_tensor(wire)
+    if wire.dtype != tf.int32:
+      raise TypeError(
+          f"`wire` must be int32. Received: wire with dtype {wire.dtype.name}.")
+    expected = num_words + num_scales
+    if wire.shape.rank != 1 or (wire.shape[0] is not None
+                                and wire.shape[0] != expected):
+      raise ValueError(
+          f"`wire` must be 1-D with {expected} words for {n} elements. "
+          f"Received: wire with shape {wire.shape}.")
+    return Payload(
+        words=wire[:num_words],
+        scales=tf.bitcast(wire[num_words:num_words + num_scales], tf.float32),
+        shape=shape,
+        dtype=tf.as_dtype(dtype))
+
+  # -- Internals --------------------------------------------------------------
+
+  @property
+  def _compiled_encode(self):
+    fn = self.__dict__.get("_encode_fn")
+    if fn is None:
+      fn = tf.function(self._encode_flat, jit_compile=True, autograph=False)
+      self.__dict__["_encode_fn"] = fn
+    return fn
+
+  @property
+  def _compiled_decode(self):
+    fn = self.__dict__.get("_decode_fn")
+    if fn is None:
+      fn = tf.function(self._decode_flat, jit_compile=True, autograph=False)
+      self.__dict__["_decode_fn"] = fn
+    return fn
+
+  def _check_seed(self, seed, needed, method):
+    if seed is None:
+      if needed:
+        raise ValueError(
+            f"{type(self).__name__}.{method} needs `seed`, a shape-[2] "
+            f"integer tensor. Received: seed=None.")
+      return None
+    seed = tf.convert_to_tensor(seed)
+    if not seed.dtype.is_integer:
+      raise TypeError(
+          f"`seed` must be an integer tensor of shape [2]. Received: seed "
+          f"with dtype {seed.dtype.name}.")
+    if seed.shape.rank is None or seed.shape != [2]:
+      raise ValueError(
+          f"`seed` must have shape [2]. Received: seed with shape "
+          f"{seed.shape}.")
+    if not needed:
+      # Not used: do not let a seed change the compiled function's signature.
+      return None
+    return seed
+
+
+def _check_count(num_elements):
+  if (isinstance(num_elements, bool) or not isinstance(num_elements, int)
+      or num_elements < 0):
+    raise ValueError(
+        f"`num_elements` must be a non-negative integer. Received: "
+        f"num_elements={num_elements!r}.")
+  return num_elements
+
+
+def _check_input(x):
+  x = tf.convert_to_tensor(x)
+  if not x.dtype.is_floating:
+    raise TypeError(
+        f"`x` must be a floating point tensor (float16, bfloat16, float32 "
+        f"or float64). Received: x with dtype {x.dtype.name}.")
+  if not x.shape.is_fully_defined():
+    raise ValueError(
+        f"`x` must have a fully defined static shape. Received: x with shape "
+        f"{x.shape}.")
+  if x.shape.num_elements() >= 2**31:
+    raise ValueError(
+        f"`x` must have fewer than 2**31 elements. Received: x with "
+        f"{x.shape.num_elements()} elements.")
+  return x
+
+
+def register(cls):
+  """Registers a codec class for Keras (de)serialization."""
+  return keras.saving.register_keras_serializable(package="ndq_tf")(cls)
+
+
+def dither(seed, num_buckets, bucket_size, dtype, stream=0):
+  """The dither of a bucketed tensor, in units of the step: `[B, d]`."""
+  u = random_ops.uniform_dither(seed, num_buckets * bucket_size, stream)
+  return tf.cast(tf.reshape(u, [num_buckets, bucket_size]), dtype)
+
+
+def radix_words(num_elements, alphabet_size):
+  return packing_ops.num_words(num_elements, alphabet_size)

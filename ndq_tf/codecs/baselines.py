@@ -1,0 +1,149 @@
+"""Baseline codecs under the same interface: float32, float16, QSGD, TernGrad.
+
+References:
+  D. Alistarh et al. QSGD: Communication-Efficient SGD via Gradient
+  Quantization and Encoding. NeurIPS 2017.
+  W. Wen et al. TernGrad: Ternary Gradients to Reduce Communication in
+  Distributed Deep Learning. NeurIPS 2017.
+"""
+
+import tensorflow as tf
+
+from ndq_tf.codecs import base
+from ndq_tf.codecs import dithered
+
+__all__ = [
+    "Float32Codec",
+    "Float16Codec",
+    "QSGDCodec",
+    "TernGradCodec",
+]
+
+
+@base.register
+class Float32Codec(base.Codec):
+  """Sends float32 values as they are (32 bits per element).
+
+  Lossless for float32, float16 and bfloat16 inputs; float64 inputs are
+  rounded to float32.
+  """
+
+  def _num_words(self, num_elements):
+    return num_elements
+
+  def _encode_flat(self, x, seed):
+    return (tf.bitcast(tf.cast(x, tf.float32), tf.int32),
+            tf.zeros([0], tf.float32))
+
+  def _decode_flat(self, words, scales, n, seed, side_information, dtype):
+    return tf.cast(tf.bitcast(words, tf.float32), dtype)
+
+
+@base.register
+class Float16Codec(base.Codec):
+  """Sends IEEE half precision values, two per `int32` word.
+
+  Values beyond float16's range (65504) become Inf, values below its
+  subnormals flush to zero; NaN and Inf pass through.
+  """
+
+  def _num_words(self, num_elements):
+    return -(-num_elements // 2)
+
+  def _encode_flat(self, x, seed):
+    n = x.shape[0]
+    half = tf.pad(tf.cast(x, tf.float16), [[0, n % 2]])
+    return (tf.bitcast(tf.reshape(half, [-1, 2]), tf.int32),
+            tf.zeros([0], tf.float32))
+
+  def _decode_flat(self, words, scales, n, seed, side_information, dtype):
+    half = tf.reshape(tf.bitcast(words, tf.float16), [-1])[:n]
+    return tf.cast(half, dtype)
+
+
+class _StochasticRoundingCodec(dithered._BucketedCodec):  # pylint: disable=protected-access
+  """Scale per bucket, then unbiased stochastic rounding to `{-s..s}`."""
+
+  needs_seed = False
+  needs_encode_seed = True
+  _norm = "max"
+  _levels = 1
+
+  @property
+  def alphabet_size(self):
+    return 2 * self._levels + 1
+
+  @property
+  def bucket_size(self):
+    return self._bucket_size
+
+  def _encode_flat(self, x, seed):
+    n = x.shape[0]
+    s = self._levels
+    xb = base.to_buckets(x, self._bucket_size)
+    scales = base.bucket_scales(xb, self._norm)
+    r = tf.abs(base.normalize(xb, tf.cast(scales, x.dtype) / s))
+    low = tf.floor(r)
+    # Round up with probability r - floor(r); v ~ U[0, 1) in steps of 2**-24.
+    v = base.dither(seed, xb.shape[0], self._bucket_size, x.dtype) + 0.5
+    level = low + tf.cast(v < r - low, x.dtype)
+    level = tf.clip_by_value(level, 0.0, float(s))
+    q = tf.cast(tf.sign(xb) * level, tf.int32)
+    return self._pack(q, n, s), scales
+
+  def _decode_flat(self, words, scales, n, seed, side_information, dtype):
+    s = self._levels
+    q = self._unpack(words, n, s, dtype)
+    xb = q * (tf.cast(scales, dtype) / s)[:, None]
+    return base.from_buckets(xb, n)
+
+
+@base.register
+class QSGDCodec(_StochasticRoundingCodec):
+  """QSGD (Alistarh et al. 2017): L2 norm per bucket, `s` levels.
+
+  `ĝ_i = ‖g_b‖₂ · sign(g_i) · ξ_i / s` with `ξ_i` the stochastic rounding of
+  `s·|g_i|/‖g_b‖₂` to an integer in `[0, s]`: unbiased, with variance at most
+  `min(d/s², √d/s)·‖g‖²`. Codes in `{-s..s}` are radix-packed (the paper's
+  Elias coding of sparse codes is not used) plus one float32 norm per bucket.
+
+  Args:
+    num_levels: `s >= 1`.
+    bucket_size: values per norm.
+  """
+
+  _norm = "l2"
+
+  def __init__(self, num_levels=1, bucket_size=512):
+    self._levels = base.check_int("num_levels", num_levels, 1,
+                                  dithered._MAX_LEVELS)  # pylint: disable=protected-access
+    self._bucket_size = base.check_int("bucket_size", bucket_size, 1)
+
+  @property
+  def num_levels(self):
+    return self._levels
+
+  def get_config(self):
+    return {"num_levels": self._levels, "bucket_size": self._bucket_size}
+
+
+@base.register
+class TernGradCodec(_StochasticRoundingCodec):
+  """TernGrad (Wen et al. 2017): `ĝ = s·sign(g)·b`, `b ~ Bernoulli(|g|/s)`.
+
+  `s` is the bucket's max-norm (the paper uses one scale per layer; buckets
+  make it comparable to the other codecs). Ternary codes, 20 per word. The
+  paper's optional gradient clipping is left to the optimizer.
+
+  Args:
+    bucket_size: values per scale.
+  """
+
+  _norm = "max"
+
+  def __init__(self, bucket_size=512):
+    self._bucket_size = base.check_int("bucket_size", bucket_size, 1)
+
+  def get_config(self):
+    return {"bucket_size": self._bucket_size}
+

@@ -1,0 +1,17 @@
+"""Pure TF ops: the quantizers' equations, a bit-exact RNG, code packing."""
+
+from ndq_tf.ops.packing_ops import codes_per_word
+from ndq_tf.ops.packing_ops import num_words
+from ndq_tf.ops.packing_ops import pack_codes
+from ndq_tf.ops.packing_ops import unpack_codes
+from ndq_tf.ops.quantization_ops import centered_mod
+from ndq_tf.ops.quantization_ops import dithered_dequantize
+from ndq_tf.ops.quantization_ops import dithered_quantize
+from ndq_tf.ops.quantization_ops import half_dithered_dequantize
+from ndq_tf.ops.quantization_ops import half_dithered_quantize
+from ndq_tf.ops.quantization_ops import nested_dequantize
+from ndq_tf.ops.quantization_ops import nested_quantize
+from ndq_tf.ops.random_ops import fold_seed
+from ndq_tf.ops.random_ops import hash_uint32
+from ndq_tf.ops.random_ops import seed_keys
+from ndq_tf.ops.random_ops import uniform_dither

@@ -1,0 +1,104 @@
+"""Packing of small integer codes into `int32` words.
+
+An alphabet of `L` symbols packs `D = max{D : L**D <= 2**32}` codes per
+32-bit word: by radix (`sum_j c_j * L**j`, e.g. 20 ternary codes in a word,
+1.6 bits each) or, when `L` is a power of two, the same sum is a set of bit
+fields. The last word is padded with the symbol 0. Words are `int32` on the
+wire (the bits of the `uint32` value), because that is what TF's collectives
+carry.
+
+The arithmetic is done in `uint32`: every partial sum of Horner's scheme is
+below `2**32`, so nothing wraps, and division by the (compile-time constant)
+radix compiles to a multiply-shift under XLA.
+"""
+
+import tensorflow as tf
+
+__all__ = [
+    "codes_per_word",
+    "num_words",
+    "pack_codes",
+    "unpack_codes",
+]
+
+_MAX_ALPHABET = 2**16
+
+
+def codes_per_word(alphabet_size):
+  """Returns how many codes of an alphabet of that size fit a 32-bit word.
+
+  Args:
+    alphabet_size: Python int in `[2, 65536]`.
+
+  Returns:
+    The largest `D` with `alphabet_size**D <= 2**32`.
+
+  Raises:
+    ValueError: for an alphabet size out of range.
+  """
+  if (not isinstance(alphabet_size, int) or isinstance(alphabet_size, bool)
+      or not 2 <= alphabet_size <= _MAX_ALPHABET):
+    raise ValueError(
+        f"`alphabet_size` must be an integer in [2, {_MAX_ALPHABET}]. "
+        f"Received: alphabet_size={alphabet_size!r}.")
+  d = 1
+  while alphabet_size**(d + 1) <= 2**32:
+    d += 1
+  return d
+
+
+def num_words(num_codes, alphabet_size):
+  """Number of `int32` words that `num_codes` codes pack into."""
+  d = codes_per_word(alphabet_size)
+  return -(-num_codes // d)
+
+
+def pack_codes(codes, alphabet_size):
+  """Packs symbols `0 <= codes < alphabet_size` into `int32` words.
+
+  Args:
+    codes: 1-D integer tensor of static length `n`, values in
+      `[0, alphabet_size)`. Values outside are not checked (the codecs
+      produce only valid ones); they would corrupt neighbouring codes.
+    alphabet_size: Python int `L`.
+
+  Returns:
+    A 1-D `int32` tensor of `num_words(n, L)` words.
+  """
+  d = codes_per_word(alphabet_size)
+  n = codes.shape[0]
+  if n is None:
+    raise ValueError("`codes` must have a static length.")
+  w = -(-n // d)
+  codes = tf.cast(codes, tf.uint32)
+  codes = tf.pad(codes, [[0, w * d - n]])
+  codes = tf.reshape(codes, [w, d])
+  radix = tf.constant(alphabet_size, tf.uint32)
+  # Horner's scheme, most significant digit first: word = sum c_j * L**j.
+  word = codes[:, d - 1]
+  for j in range(d - 2, -1, -1):
+    word = word * radix + codes[:, j]
+  return tf.bitcast(word, tf.int32)
+
+
+def unpack_codes(words, alphabet_size, num_codes):
+  """Inverse of `pack_codes`.
+
+  Args:
+    words: 1-D `int32` tensor.
+    alphabet_size: Python int `L`.
+    num_codes: Python int, the number of codes to return.
+
+  Returns:
+    A 1-D `int32` tensor of `num_codes` symbols in `[0, L)`.
+  """
+  d = codes_per_word(alphabet_size)
+  value = tf.bitcast(tf.convert_to_tensor(words, tf.int32), tf.uint32)
+  radix = tf.constant(alphabet_size, tf.uint32)
+  digits = []
+  for _ in range(d):
+    quotient = value // radix
+    digits.append(value - quotient * radix)
+    value = quotient
+  codes = tf.reshape(tf.stack(digits, axis=1), [-1])[:num_codes]
+  return tf.cast(codes, tf.int32)
