@@ -92,6 +92,29 @@ def float32_scale_up(value):
   return tf.where(tf.cast(rounded, value.dtype) < value, up, rounded)
 
 
+def _max_abs(xb):
+  """Per-row max of `|x|`, NaN if the row holds a NaN: one fused pass.
+
+  For non-negative IEEE floats the integer order of the bit patterns is the
+  numeric order, and every NaN pattern (with the sign cleared) sorts above
+  +Inf: an integer max of `bits & 0x7F..F` is the max of `|x|`, and a NaN
+  when there is one, without depending on how a float max treats NaN.
+  """
+  if xb.dtype == tf.float64:
+    int_type, mask = tf.int64, 0x7FFFFFFFFFFFFFFF
+  else:
+    int_type, mask = tf.int32, 0x7FFFFFFF
+  bits = tf.bitwise.bitwise_and(tf.bitcast(xb, int_type),
+                                tf.constant(mask, int_type))
+  d = xb.shape[1]
+  if d % 32 == 0 and d > 32:
+    # Two short reductions instead of one long one: XLA:CPU rewrites a long
+    # reduction into a reduce-window that cannot fuse its input, which
+    # would write the masked bits to memory first.
+    bits = tf.reduce_max(tf.reshape(bits, [-1, d // 32, 32]), axis=2)
+  return tf.bitcast(tf.reduce_max(bits, axis=1), xb.dtype)
+
+
 def bucket_scales(xb, norm="max"):
   """Per-bucket scales as sent on the wire: `float32`, NaN for bad buckets.
 
@@ -106,15 +129,19 @@ def bucket_scales(xb, norm="max"):
   Returns:
     `float32` tensor of shape `[B]`.
   """
-  finite = tf.math.is_finite(xb)
-  clean = tf.where(finite, xb, tf.zeros_like(xb))
-  if norm == "max":
-    kappa = tf.reduce_max(tf.abs(clean), axis=1)
-  else:
-    kappa = tf.sqrt(tf.reduce_sum(tf.square(clean), axis=1))
-  kappa = float32_scale_up(kappa)
+  if norm not in ("max", "l2"):
+    raise ValueError(f"`norm` must be 'max' or 'l2'. Received: norm={norm!r}.")
+  kappa = _max_abs(xb)
+  finite = tf.math.is_finite(kappa)
+  if norm == "l2":
+    # Scaled by the max so that squares of large finite values cannot
+    # overflow to Inf.
+    safe = tf.where(finite & (kappa > 0), kappa, tf.ones_like(kappa))
+    ratio = tf.where(finite[:, None], xb / safe[:, None], tf.zeros_like(xb))
+    kappa = safe * tf.sqrt(tf.reduce_sum(tf.square(ratio), axis=1))
+  kappa = float32_scale_up(tf.where(finite, kappa, tf.zeros_like(kappa)))
   nan = tf.constant(math.nan, tf.float32)
-  return tf.where(tf.reduce_all(finite, axis=1), kappa, nan)
+  return tf.where(finite, kappa, nan)
 
 
 def normalize(xb, step):

@@ -3,13 +3,15 @@
 An alphabet of `L` symbols packs `D = max{D : L**D <= 2**32}` codes per
 32-bit word: by radix (`sum_j c_j * L**j`, e.g. 20 ternary codes in a word,
 1.6 bits each) or, when `L` is a power of two, the same sum is a set of bit
-fields. The last word is padded with the symbol 0. Words are `int32` on the
+fields. `n` codes take `W = ceil(n / D)` words, laid out planar: digit `j`
+of word `k` is code `j·W + k` (codes past `n` are the symbol 0). That keeps
+packing and unpacking loops over contiguous words, which XLA vectorizes. Words are `int32` on the
 wire (the bits of the `uint32` value), because that is what TF's collectives
 carry.
 
 The arithmetic is done in `uint32`: every partial sum of Horner's scheme is
 below `2**32`, so nothing wraps, and division by the (compile-time constant)
-radix compiles to a multiply-shift under XLA.
+unpacking divides exact float64 integers (see `unpack_codes`).
 """
 
 import tensorflow as tf
@@ -72,12 +74,13 @@ def pack_codes(codes, alphabet_size):
   w = -(-n // d)
   codes = tf.cast(codes, tf.uint32)
   codes = tf.pad(codes, [[0, w * d - n]])
-  codes = tf.reshape(codes, [w, d])
-  radix = tf.constant(alphabet_size, tf.uint32)
-  # Horner's scheme, most significant digit first: word = sum c_j * L**j.
-  word = codes[:, d - 1]
-  for j in range(d - 2, -1, -1):
-    word = word * radix + codes[:, j]
+  codes = tf.reshape(codes, [d, w])
+  # Planar layout: word k holds codes k, k + W, k + 2W, ... (digit j is code
+  # j·W + k), so both packing and unpacking are loops over words that XLA
+  # vectorizes, with the quantizer fused in. The sum never exceeds
+  # L**d - 1 < 2**32, so uint32 arithmetic is exact.
+  powers = tf.constant([[alphabet_size**j] for j in range(d)], tf.uint32)
+  word = tf.reduce_sum(codes * powers, axis=0)
   return tf.bitcast(word, tf.int32)
 
 
@@ -93,12 +96,18 @@ def unpack_codes(words, alphabet_size, num_codes):
     A 1-D `int32` tensor of `num_codes` symbols in `[0, L)`.
   """
   d = codes_per_word(alphabet_size)
-  value = tf.bitcast(tf.convert_to_tensor(words, tf.int32), tf.uint32)
-  radix = tf.constant(alphabet_size, tf.uint32)
-  digits = []
-  for _ in range(d):
-    quotient = value // radix
-    digits.append(value - quotient * radix)
-    value = quotient
-  codes = tf.reshape(tf.stack(digits, axis=1), [-1])[:num_codes]
+  words = tf.convert_to_tensor(words, tf.int32)
+  # The word's unsigned value, exact in float64 (below 2**32).
+  value = tf.cast(tf.bitcast(words, tf.uint32), tf.float64)[None, :]
+  # floor(w / c) == floor((w + 1/2) * fl(1/c)) exactly: (w + 1/2)/c is at
+  # least 1/(2c) away from every integer, while the float64 product is
+  # within (w/c)·2**-52 <= 2**-20/c of it (w < 2**32). One elementwise
+  # expression over [d, words], no per-digit intermediates: XLA fuses it
+  # into the decoder that consumes the codes.
+  value = value + 0.5
+  inverse = [1.0 / float(alphabet_size**j) for j in range(d + 1)]
+  high = tf.floor(value * tf.constant(inverse[1:], tf.float64)[:, None])
+  low = tf.floor(value * tf.constant(inverse[:-1], tf.float64)[:, None])
+  digits = low - float(alphabet_size) * high
+  codes = tf.reshape(digits, [-1])[:num_codes]
   return tf.cast(codes, tf.int32)

@@ -1,0 +1,51 @@
+# Entry points. `make test` and `make demo` do all set-up on a fresh machine.
+# ../shared is the team's shared folder, a sibling of this repository (also in CI).
+
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+# Inside .venv, so deleting .venv also forces a reinstall.
+STAMP := $(VENV)/.ndq_tf-installed
+SHARED := ../shared
+# Each pytest-xdist worker is one process; tests/conftest.py splits its CPU
+# into logical devices. A pytest run that collects nothing exits 5 (a failure).
+PYTEST_ARGS ?= -n 2 --dist loadfile -q
+BAZEL_TARGETS ?= //...
+BENCHMARKS := $(sort $(wildcard benchmarks/*.py))
+
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# CI runs as root.
+export PIP_ROOT_USER_ACTION := ignore
+
+.PHONY: venv test demo bench bazel-test lint-build clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet -e '.[test,bench]'
+	touch $@
+
+test: venv
+	$(VPY) -m pytest tests $(PYTEST_ARGS)
+
+demo: venv
+	$(VPY) examples/fit_mirrored.py
+
+bench: venv
+	@test -n "$(BENCHMARKS)" || { echo "no benchmarks/*.py found" >&2; exit 1; }
+	set -e; for script in $(BENCHMARKS); do \
+	  echo "== $$script"; $(VPY) $$script; \
+	done
+
+bazel-test: venv
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(SHARED)/tools/bazel-test $(BAZEL_TARGETS)
+
+lint-build:
+	$(SHARED)/tools/buildifier -mode=check -lint=warn -r .
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache bazel-*
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
