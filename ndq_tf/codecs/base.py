@@ -22,6 +22,10 @@ __all__ = [
 ]
 
 
+# (codec type, config, method name) -> its XLA-compiled tf.function.
+_COMPILED = {}
+
+
 class Payload(tf.experimental.ExtensionType):
   """What a codec puts on the wire for one tensor.
 
@@ -93,26 +97,13 @@ def float32_scale_up(value):
 
 
 def _max_abs(xb):
-  """Per-row max of `|x|`, NaN if the row holds a NaN: one fused pass.
+  """Per-row max of `|x|`, +Inf if the row holds a NaN or an Inf.
 
-  For non-negative IEEE floats the integer order of the bit patterns is the
-  numeric order, and every NaN pattern (with the sign cleared) sorts above
-  +Inf: an integer max of `bits & 0x7F..F` is the max of `|x|`, and a NaN
-  when there is one, without depending on how a float max treats NaN.
+  NaN is replaced by +Inf before the reduction, so the result does not
+  depend on how a float max treats NaN (XLA's fast-min-max mode drops them).
   """
-  if xb.dtype == tf.float64:
-    int_type, mask = tf.int64, 0x7FFFFFFFFFFFFFFF
-  else:
-    int_type, mask = tf.int32, 0x7FFFFFFF
-  bits = tf.bitwise.bitwise_and(tf.bitcast(xb, int_type),
-                                tf.constant(mask, int_type))
-  d = xb.shape[1]
-  if d % 32 == 0 and d > 32:
-    # Two short reductions instead of one long one: XLA:CPU rewrites a long
-    # reduction into a reduce-window that cannot fuse its input, which
-    # would write the masked bits to memory first.
-    bits = tf.reduce_max(tf.reshape(bits, [-1, d // 32, 32]), axis=2)
-  return tf.bitcast(tf.reduce_max(bits, axis=1), xb.dtype)
+  inf = tf.constant(math.inf, xb.dtype)
+  return tf.reduce_max(tf.where(tf.math.is_nan(xb), inf, tf.abs(xb)), axis=1)
 
 
 def bucket_scales(xb, norm="max"):
@@ -258,7 +249,7 @@ class Codec:
       scales = tf.zeros([0], tf.float32)
     else:
       flat = tf.reshape(tf.cast(x, compute_dtype(x.dtype)), [-1])
-      words, scales = self._compiled_encode(flat, seed)
+      words, scales = self._encode_impl(flat, seed)
     return Payload(words=words, scales=scales, shape=x.shape, dtype=x.dtype)
 
   def decode(self, payload, seed=None, side_information=None):
@@ -308,8 +299,8 @@ class Codec:
           f"{side_information!r}.")
     if n == 0:
       return tf.zeros(payload.shape, payload.dtype)
-    flat = self._compiled_decode(payload.words, payload.scales, n, seed,
-                                 side_information, cdtype)
+    flat = self._decode_impl(payload.words, payload.scales, n, seed,
+                             side_information, cdtype)
     return tf.cast(tf.reshape(flat, payload.shape), payload.dtype)
 
   def to_wire(self, payload):
@@ -352,21 +343,26 @@ class Codec:
 
   # -- Internals --------------------------------------------------------------
 
-  @property
-  def _compiled_encode(self):
-    fn = self.__dict__.get("_encode_fn")
+  def _compiled(self, name):
+    """`getattr(self, name)` as an XLA-compiled function.
+
+    Shared by all codecs of equal configuration: they compute the same pure
+    functions, so a codec rebuilt from its config (or made anew every step)
+    reuses the compiled code instead of tracing and compiling again.
+    """
+    key = (type(self), tuple(sorted(self.get_config().items())), name)
+    fn = _COMPILED.get(key)
     if fn is None:
-      fn = tf.function(self._encode_flat, jit_compile=True, autograph=False)
-      self.__dict__["_encode_fn"] = fn
+      fn = tf.function(getattr(self, name), jit_compile=True, autograph=False)
+      _COMPILED[key] = fn
     return fn
 
-  @property
-  def _compiled_decode(self):
-    fn = self.__dict__.get("_decode_fn")
-    if fn is None:
-      fn = tf.function(self._decode_flat, jit_compile=True, autograph=False)
-      self.__dict__["_decode_fn"] = fn
-    return fn
+  def _encode_impl(self, flat, seed):
+    return self._compiled("_encode_flat")(flat, seed)
+
+  def _decode_impl(self, words, scales, n, seed, side_information, dtype):
+    return self._compiled("_decode_flat")(words, scales, n, seed,
+                                          side_information, dtype)
 
   def _check_seed(self, seed, needed, method):
     if seed is None:

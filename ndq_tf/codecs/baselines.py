@@ -77,25 +77,22 @@ class _StochasticRoundingCodec(dithered._BucketedCodec):  # pylint: disable=prot
   def bucket_size(self):
     return self._bucket_size
 
-  def _encode_flat(self, x, seed):
-    n = x.shape[0]
+  @property
+  def _offset(self):
+    return self._levels
+
+  def _quantize(self, xb, scales, seed):
     s = self._levels
-    xb = base.to_buckets(x, self._bucket_size)
-    scales = base.bucket_scales(xb, self._norm)
-    r = tf.abs(base.normalize(xb, tf.cast(scales, x.dtype) / s))
+    r = tf.abs(base.normalize(xb, tf.cast(scales, xb.dtype) / s))
     low = tf.floor(r)
     # Round up with probability r - floor(r); v ~ U[0, 1) in steps of 2**-24.
-    v = base.dither(seed, xb.shape[0], self._bucket_size, x.dtype) + 0.5
-    level = low + tf.cast(v < r - low, x.dtype)
+    v = base.dither(seed, xb.shape[0], self._bucket_size, xb.dtype) + 0.5
+    level = low + tf.cast(v < r - low, xb.dtype)
     level = tf.clip_by_value(level, 0.0, float(s))
-    q = tf.cast(tf.sign(xb) * level, tf.int32)
-    return self._pack(q, n, s), scales
+    return tf.cast(tf.sign(xb) * level, tf.int32)
 
-  def _decode_flat(self, words, scales, n, seed, side_information, dtype):
-    s = self._levels
-    q = self._unpack(words, n, s, dtype)
-    xb = q * (tf.cast(scales, dtype) / s)[:, None]
-    return base.from_buckets(xb, n)
+  def _dequantize(self, q, scales, seed, side_information):
+    return q * (scales / self._levels)[:, None]
 
 
 @base.register

@@ -99,23 +99,21 @@ class NestedDitheredCodec(dithered._BucketedCodec):  # pylint: disable=protected
             "alpha": self._alpha,
             "bucket_size": self._bucket_size}
 
-  def _encode_flat(self, x, seed):
-    n = x.shape[0]
-    xb = base.to_buckets(x, self._bucket_size)
-    scales = base.bucket_scales(xb)
-    step = tf.cast(scales, x.dtype) / self._num_levels
-    u = base.dither(seed, xb.shape[0], self._bucket_size, x.dtype)
-    s = quantization_ops.nested_quantize(
-        base.normalize(xb, step), u, 1.0, self._coarse_ratio, self._alpha)
-    return self._pack(s, n, self._coarse_ratio // 2), scales
+  @property
+  def _offset(self):
+    return self._coarse_ratio // 2
 
-  def _decode_flat(self, words, scales, n, seed, side_information, dtype):
-    s = self._unpack(words, n, self._coarse_ratio // 2, dtype)
-    num_buckets = s.shape[0]
-    u = base.dither(seed, num_buckets, self._bucket_size, dtype)
-    step = tf.cast(scales, dtype) / self._num_levels
-    y = base.to_buckets(side_information, self._bucket_size)
+  def _quantize(self, xb, scales, seed):
+    step = tf.cast(scales, xb.dtype) / self._num_levels
+    u = base.dither(seed, xb.shape[0], self._bucket_size, xb.dtype)
+    return quantization_ops.nested_quantize(
+        base.normalize(xb, step), u, 1.0, self._coarse_ratio, self._alpha)
+
+  def _dequantize(self, q, scales, seed, side_information):
+    u = base.dither(seed, q.shape[0], self._bucket_size, q.dtype)
+    step = scales / self._num_levels
     x_hat = quantization_ops.nested_dequantize(
-        s, u, base.normalize(y, step), 1.0, self._coarse_ratio, self._alpha)
+        q, u, base.normalize(side_information, step), 1.0,
+        self._coarse_ratio, self._alpha)
     # κΔ1 = 0 (a bucket of zeros) gives exact zeros; NaN gives NaN.
-    return base.from_buckets(x_hat * step[:, None], n)
+    return x_hat * step[:, None]

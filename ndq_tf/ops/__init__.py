@@ -3,6 +3,7 @@
 from ndq_tf.ops.packing_ops import codes_per_word
 from ndq_tf.ops.packing_ops import num_words
 from ndq_tf.ops.packing_ops import pack_codes
+from ndq_tf.ops.packing_ops import unpack_planar_codes
 from ndq_tf.ops.packing_ops import unpack_codes
 from ndq_tf.ops.quantization_ops import centered_mod
 from ndq_tf.ops.quantization_ops import dithered_dequantize

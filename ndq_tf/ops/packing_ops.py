@@ -21,6 +21,7 @@ __all__ = [
     "num_words",
     "pack_codes",
     "unpack_codes",
+    "unpack_planar_codes",
 ]
 
 _MAX_ALPHABET = 2**16
@@ -76,11 +77,13 @@ def pack_codes(codes, alphabet_size):
   codes = tf.pad(codes, [[0, w * d - n]])
   codes = tf.reshape(codes, [d, w])
   # Planar layout: word k holds codes k, k + W, k + 2W, ... (digit j is code
-  # j·W + k), so both packing and unpacking are loops over words that XLA
-  # vectorizes, with the quantizer fused in. The sum never exceeds
-  # L**d - 1 < 2**32, so uint32 arithmetic is exact.
-  powers = tf.constant([[alphabet_size**j] for j in range(d)], tf.uint32)
-  word = tf.reduce_sum(codes * powers, axis=0)
+  # j·W + k), so packing is Horner's scheme over whole rows: an elementwise
+  # loop over words that XLA vectorizes. Every partial sum stays below
+  # L**d <= 2**32, so uint32 arithmetic is exact.
+  radix = tf.constant(alphabet_size, tf.uint32)
+  word = codes[d - 1]
+  for j in range(d - 2, -1, -1):
+    word = word * radix + codes[j]
   return tf.bitcast(word, tf.int32)
 
 
@@ -95,10 +98,24 @@ def unpack_codes(words, alphabet_size, num_codes):
   Returns:
     A 1-D `int32` tensor of `num_codes` symbols in `[0, L)`.
   """
+  codes = unpack_planar_codes(words, alphabet_size)
+  return tf.reshape(codes, [-1])[:num_codes]
+
+
+def unpack_planar_codes(words, alphabet_size):
+  """Every code of the words as a `[D, W]` array: `codes[j, k]` is code `j·W+k`.
+
+  Flattened, `unpack_codes` is a prefix of this. Left two-dimensional, the
+  unpacking is a loop over `[D, W]` that XLA vectorizes (a flat output would
+  need a division per element to find its word); the consumer can flatten
+  and slice as part of its own loop.
+  """
   d = codes_per_word(alphabet_size)
   words = tf.convert_to_tensor(words, tf.int32)
-  # The word's unsigned value, exact in float64 (below 2**32).
-  value = tf.cast(tf.bitcast(words, tf.uint32), tf.float64)[None, :]
+  # The word's unsigned value, exact in float64 (below 2**32). Converted
+  # from int32 (not uint32, which x86 cannot convert in vector registers).
+  signed = tf.cast(words, tf.float64)
+  value = tf.where(signed < 0.0, signed + 2.0**32, signed)[None, :]
   # floor(w / c) == floor((w + 1/2) * fl(1/c)) exactly: (w + 1/2)/c is at
   # least 1/(2c) away from every integer, while the float64 product is
   # within (w/c)·2**-52 <= 2**-20/c of it (w < 2**32). One elementwise
@@ -109,5 +126,4 @@ def unpack_codes(words, alphabet_size, num_codes):
   high = tf.floor(value * tf.constant(inverse[1:], tf.float64)[:, None])
   low = tf.floor(value * tf.constant(inverse[:-1], tf.float64)[:, None])
   digits = low - float(alphabet_size) * high
-  codes = tf.reshape(digits, [-1])[:num_codes]
-  return tf.cast(codes, tf.int32)
+  return tf.cast(digits, tf.int32)
