@@ -25,6 +25,10 @@ __all__ = [
     "overload_probability",
     "overload_bound",
     "bits_per_element",
+    "gaussian_tail_quantile",
+    "auto_nested_alpha",
+    "auto_nested_mse_factor",
+    "auto_nested_fine_step",
 ]
 
 
@@ -152,3 +156,45 @@ def bits_per_element(codec, num_elements):
         f"`num_elements` must be positive. Received: "
         f"num_elements={num_elements}.")
   return codec.wire_bits(num_elements) / num_elements
+
+
+def gaussian_tail_quantile(p):
+  """`t` with `P(N(0,1) > t) = p`, for `0 < p < 1/2` (by bisection)."""
+  if not 0.0 < p < 0.5:
+    raise ValueError(f"`p` must be in (0, 0.5). Received: p={p!r}.")
+  low, high = 0.0, 40.0
+  for _ in range(200):
+    mid = 0.5 * (low + high)
+    if _q(mid) > p:
+      low = mid
+    else:
+      high = mid
+  return 0.5 * (low + high)
+
+
+def auto_nested_fine_step(sigma_z, coarse_ratio, overload_target, alpha):
+  """Adaptive NDQSG's fine step: `Δ1 = 2α·t·σ_z/(k - 1)`.
+
+  With it `(k - 1)·Δ1/(2α) = t·σ_z`, so by `overload_bound` a Gaussian `z`
+  overloads with probability at most `overload_target = 2·Q(t)`.
+  """
+  t = gaussian_tail_quantile(overload_target / 2.0)
+  return 2.0 * alpha * t * sigma_z / (coarse_ratio - 1)
+
+
+def auto_nested_mse_factor(coarse_ratio, overload_target, alpha):
+  """Adaptive NDQSG's MSE over `σ_z²`: `(1 - α²)² + α⁴·c`, `c = t²/(3(k-1)²)`.
+
+  `nested_mse` with `Δ1 = auto_nested_fine_step(...)`.
+  """
+  t = gaussian_tail_quantile(overload_target / 2.0)
+  c = t * t / (3.0 * (coarse_ratio - 1)**2)
+  a2 = alpha * alpha
+  return (1.0 - a2)**2 + a2 * a2 * c
+
+
+def auto_nested_alpha(coarse_ratio, overload_target):
+  """The `α` minimizing `auto_nested_mse_factor`: `α² = 1/(1 + c)`."""
+  t = gaussian_tail_quantile(overload_target / 2.0)
+  c = t * t / (3.0 * (coarse_ratio - 1)**2)
+  return math.sqrt(1.0 / (1.0 + c))

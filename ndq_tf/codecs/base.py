@@ -225,7 +225,7 @@ class Codec:
     """
     return 32 * (self.num_words(num_elements) + self.num_scales(num_elements))
 
-  def encode(self, x, seed=None):
+  def encode(self, x, seed=None, noise_scale=None):
     """Encodes a floating point tensor.
 
     Args:
@@ -233,6 +233,10 @@ class Codec:
         float64.
       seed: shape-`[2]` integer tensor (TF's stateless convention); required
         by the codecs that draw random numbers.
+      noise_scale: nested codecs only (`accepts_noise_scale`): the expected
+        spread `σ_z` of `x - side_information`, per bucket (`[num_scales]`)
+        or one scalar, known to the receivers too. Selects the adaptive mode
+        of `NestedDitheredCodec`.
 
     Returns:
       A `Payload`.
@@ -244,13 +248,42 @@ class Codec:
     x = _check_input(x)
     seed = self._check_seed(seed, self.needs_encode_seed, "encode")
     n = x.shape.num_elements()
+    noise_scale = self._check_noise_scale(noise_scale, n)
     if n == 0:
       words = tf.zeros([0], tf.int32)
       scales = tf.zeros([0], tf.float32)
     else:
       flat = tf.reshape(tf.cast(x, compute_dtype(x.dtype)), [-1])
-      words, scales = self._encode_impl(flat, seed)
+      if noise_scale is None:
+        words, scales = self._encode_impl(flat, seed)
+      else:
+        words, scales = self._encode_impl(flat, seed, noise_scale)
     return Payload(words=words, scales=scales, shape=x.shape, dtype=x.dtype)
+
+  #: Whether `encode` takes `noise_scale` (the adaptive nested codec).
+  accepts_noise_scale = False
+
+  def _check_noise_scale(self, noise_scale, n):
+    if noise_scale is None:
+      return None
+    if not self.accepts_noise_scale:
+      raise ValueError(
+          f"{type(self).__name__}.encode does not take `noise_scale` (only "
+          f"nested codecs do). Received: noise_scale={noise_scale!r}.")
+    noise_scale = tf.convert_to_tensor(noise_scale)
+    if not noise_scale.dtype.is_floating:
+      raise TypeError(
+          f"`noise_scale` must be floating point. Received: noise_scale with "
+          f"dtype {noise_scale.dtype.name}.")
+    num_scales = self.num_scales(n)
+    if noise_scale.shape.rank == 0:
+      noise_scale = tf.fill([num_scales], tf.cast(noise_scale, tf.float32))
+    elif noise_scale.shape != [num_scales]:
+      raise ValueError(
+          f"`noise_scale` must be a scalar or have one value per bucket, "
+          f"shape [{num_scales}]. Received: noise_scale with shape "
+          f"{noise_scale.shape}.")
+    return tf.cast(noise_scale, tf.float32)
 
   def decode(self, payload, seed=None, side_information=None):
     """Decodes a payload back to a tensor of the encoded shape and dtype.
@@ -357,7 +390,8 @@ class Codec:
       _COMPILED[key] = fn
     return fn
 
-  def _encode_impl(self, flat, seed):
+  def _encode_impl(self, flat, seed, noise_scale=None):
+    del noise_scale  # Only nested codecs accept it.
     return self._compiled("_encode_flat")(flat, seed)
 
   def _decode_impl(self, words, scales, n, seed, side_information, dtype):

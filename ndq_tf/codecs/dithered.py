@@ -44,10 +44,13 @@ class _BucketedCodec(base.Codec):
   def _symbol_dtype(self):
     return tf.uint8 if self.alphabet_size <= 256 else tf.int32
 
-  def _quantize_stage(self, x, seed):
+  def _quantize_stage(self, x, seed, noise_scale=None):
     xb = base.to_buckets(x, self.bucket_size)
     scales = base.bucket_scales(xb, self._norm)
-    q = self._quantize(xb, scales, seed)
+    if noise_scale is None:
+      q = self._quantize(xb, scales, seed)
+    else:
+      q, scales = self._quantize_adaptive(xb, scales, seed, noise_scale)
     symbols = base.from_buckets(q, x.shape[0]) + self._offset
     return tf.cast(symbols, self._symbol_dtype), scales
 
@@ -67,8 +70,9 @@ class _BucketedCodec(base.Codec):
     return base.from_buckets(
         self._dequantize(q, tf.cast(scales, dtype), seed, side_information), n)
 
-  def _encode_impl(self, flat, seed):
-    symbols, scales = self._compiled("_quantize_stage")(flat, seed)
+  def _encode_impl(self, flat, seed, noise_scale=None):
+    symbols, scales = self._compiled("_quantize_stage")(flat, seed,
+                                                        noise_scale)
     return self._compiled("_pack_stage")(symbols), scales
 
   def _decode_impl(self, words, scales, n, seed, side_information, dtype):

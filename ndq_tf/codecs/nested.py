@@ -8,6 +8,7 @@ References:
 
 import tensorflow as tf
 
+from ndq_tf import theory
 from ndq_tf.codecs import base
 from ndq_tf.codecs import dithered
 from ndq_tf.ops import quantization_ops
@@ -36,6 +37,21 @@ class NestedDitheredCodec(dithered._BucketedCodec):  # pylint: disable=protected
   A bucket of zeros decodes to exact zeros whatever `y` is; a bucket with a
   NaN or Inf decodes to NaN.
 
+  Adaptive mode: `encode(x, seed, noise_scale=σ)`, with `σ` the receivers'
+  estimate of the spread of `x - y` per bucket (e.g. from the previous
+  step's decoded gradients, so that nothing extra is sent), sets the fine
+  step from the noise instead of the max: `Δ1 = 2α·t·σ/(k - 1)` with
+  `t = Q⁻¹(overload_target/2)`, so that a Gaussian `z` overloads with
+  probability at most `overload_target`. A bucket where that would not beat
+  DQSG with the same `k` symbols (`M = ⌊k/2⌋` levels of step `κ/M`), or
+  whose `σ` is unknown (not finite or 0), falls back to DQSG: its scale goes
+  on the wire negated, and its decoding ignores `y`. The wire format and
+  size do not change. `alpha="mmse"` then picks the `α` that minimizes the
+  MSE under that constraint: with `Δ1` tied to `α`, the MSE is
+  `σ²·((1 - α²)² + α⁴·c)`, `c = t²/(3(k - 1)²)`, smallest at
+  `α² = 1/(1 + c)` (see `ndq_tf.theory.auto_nested_alpha`). Needs an odd
+  `coarse_ratio` (the DQSG fallback is symmetric).
+
   Example:
 
   >>> codec = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)
@@ -45,8 +61,11 @@ class NestedDitheredCodec(dithered._BucketedCodec):  # pylint: disable=protected
   Args:
     num_levels: `>= 1`; the fine step is `1/num_levels` of the bucket's max.
     coarse_ratio: integer `k >= 2`, `Δ2 = k·Δ1`; `k` symbols on the wire.
-    alpha: shrinkage `0 < α <= 1` (`1` needs no knowledge of the noise).
+    alpha: shrinkage `0 < α <= 1` (`1` needs no knowledge of the noise),
+      or `"mmse"` (adaptive mode only, see above).
     bucket_size: values per scale.
+    overload_target: adaptive mode: the overload probability per element
+      the fine step is chosen for, in `(0, 0.5)`.
 
   Raises:
     ValueError: for an argument out of range.
@@ -56,12 +75,27 @@ class NestedDitheredCodec(dithered._BucketedCodec):  # pylint: disable=protected
   needs_encode_seed = True
   needs_side_information = True
 
-  def __init__(self, num_levels=3, coarse_ratio=3, alpha=1.0, bucket_size=512):
+  accepts_noise_scale = True
+
+  def __init__(self, num_levels=3, coarse_ratio=3, alpha=1.0, bucket_size=512,
+               overload_target=1e-4):
     self._num_levels = base.check_int("num_levels", num_levels, 1,
                                       dithered._MAX_LEVELS)  # pylint: disable=protected-access
     self._coarse_ratio = base.check_int("coarse_ratio", coarse_ratio, 2, 65536)
-    self._alpha = base.check_float("alpha", alpha, 0.0, 1.0)
+    if alpha != "mmse":
+      if isinstance(alpha, str):
+        raise ValueError(
+            f"`alpha` must be a number in (0, 1] or 'mmse'. Received: "
+            f"alpha={alpha!r}.")
+      alpha = base.check_float("alpha", alpha, 0.0, 1.0)
+    self._alpha = alpha
     self._bucket_size = base.check_int("bucket_size", bucket_size, 1)
+    self._overload_target = base.check_float(
+        "overload_target", overload_target, 0.0, 0.5)
+    if self._overload_target >= 0.5:
+      raise ValueError(
+          f"`overload_target` must be in (0, 0.5). Received: "
+          f"overload_target={overload_target!r}.")
 
   @property
   def num_levels(self):
@@ -93,11 +127,37 @@ class NestedDitheredCodec(dithered._BucketedCodec):  # pylint: disable=protected
   def alphabet_size(self):
     return self._coarse_ratio
 
+  @property
+  def overload_target(self):
+    return self._overload_target
+
+  @property
+  def adaptive_alpha(self):
+    """The `α` of the adaptive mode (resolves `"mmse"`)."""
+    if self._alpha == "mmse":
+      return theory.auto_nested_alpha(self._coarse_ratio,
+                                      self._overload_target)
+    return self._alpha
+
   def get_config(self):
     return {"num_levels": self._num_levels,
             "coarse_ratio": self._coarse_ratio,
             "alpha": self._alpha,
-            "bucket_size": self._bucket_size}
+            "bucket_size": self._bucket_size,
+            "overload_target": self._overload_target}
+
+  def _check_noise_scale(self, noise_scale, n):
+    if noise_scale is not None and self._coarse_ratio % 2 == 0:
+      raise ValueError(
+          f"The adaptive mode (`noise_scale`) needs an odd `coarse_ratio`, "
+          f"for its symmetric DQSG fallback. Received: coarse_ratio="
+          f"{self._coarse_ratio}.")
+    if noise_scale is None and self._alpha == "mmse":
+      raise ValueError(
+          "`alpha='mmse'` needs `noise_scale` (the adaptive mode): without "
+          "the spread of x - side_information the MMSE alpha is unknown. "
+          "Received: noise_scale=None.")
+    return super()._check_noise_scale(noise_scale, n)
 
   @property
   def _offset(self):
@@ -109,11 +169,43 @@ class NestedDitheredCodec(dithered._BucketedCodec):  # pylint: disable=protected
     return quantization_ops.nested_quantize(
         base.normalize(xb, step), u, 1.0, self._coarse_ratio, self._alpha)
 
+  def _quantize_adaptive(self, xb, scales, seed, noise_scale):
+    k = self._coarse_ratio
+    levels = k // 2
+    alpha = self.adaptive_alpha
+    t = theory.gaussian_tail_quantile(self._overload_target / 2.0)
+    kappa = tf.cast(scales, xb.dtype)
+    sigma = tf.cast(noise_scale, xb.dtype)
+    # The step the receivers will see: rounded through the float32 scale.
+    wire_fine = tf.cast(2.0 * alpha * t / (k - 1) * sigma * self._num_levels,
+                        tf.float32)
+    fine = tf.cast(wire_fine, xb.dtype) / self._num_levels
+    mse_nested = sigma * sigma * theory.auto_nested_mse_factor(
+        k, self._overload_target, alpha)
+    mse_dqsg = tf.square(kappa / levels) / 12.0
+    nested = (tf.math.is_finite(fine) & (fine > 0) & tf.math.is_finite(kappa)
+              & (mse_nested < mse_dqsg))
+    u = base.dither(seed, xb.shape[0], self._bucket_size, xb.dtype)
+    s = quantization_ops.nested_quantize(
+        base.normalize(xb, fine), u, 1.0, k, alpha)
+    q = quantization_ops.dithered_quantize(
+        base.normalize(xb, kappa / levels), u, 1.0)
+    q = tf.clip_by_value(q, -levels, levels)
+    codes = tf.where(nested[:, None], s, q)
+    # The wire scale: num_levels·Δ1 (> 0) for nested buckets, -κ for DQSG.
+    wire = tf.where(nested, wire_fine, -scales)
+    return codes, wire
+
   def _dequantize(self, q, scales, seed, side_information):
     u = base.dither(seed, q.shape[0], self._bucket_size, q.dtype)
     step = scales / self._num_levels
     x_hat = quantization_ops.nested_dequantize(
         q, u, base.normalize(side_information, step), 1.0,
-        self._coarse_ratio, self._alpha)
+        self._coarse_ratio, self.adaptive_alpha)
     # κΔ1 = 0 (a bucket of zeros) gives exact zeros; NaN gives NaN.
-    return x_hat * step[:, None]
+    nested = x_hat * step[:, None]
+    # Negative scales: buckets the adaptive encoder sent as DQSG.
+    levels = max(self._coarse_ratio // 2, 1)
+    dqsg = (quantization_ops.dithered_dequantize(q, u, 1.0)
+            * (tf.abs(scales) / levels)[:, None])
+    return tf.where((scales < 0)[:, None], dqsg, nested)
