@@ -334,6 +334,12 @@ class Codec:
       return tf.zeros(payload.shape, payload.dtype)
     flat = self._decode_impl(payload.words, payload.scales, n, seed,
                              side_information, cdtype)
+    if payload.dtype == tf.float16:
+      # A decoded value may exceed the bucket's max by half a step; saturate
+      # at float16's largest finite value rather than invent an overflow
+      # that loss scaling would take for a real one. NaN stays NaN.
+      flat = tf.where(tf.math.is_finite(flat),
+                      tf.clip_by_value(flat, -65504.0, 65504.0), flat)
     return tf.cast(tf.reshape(flat, payload.shape), payload.dtype)
 
   def to_wire(self, payload):

@@ -193,6 +193,11 @@ class HalfDitheredCodec(_BucketedCodec):
     self._num_levels = base.check_int("num_levels", num_levels, 1, _MAX_LEVELS)
     self._bucket_size = base.check_int("bucket_size", bucket_size, 1)
     self._dither_order = base.check_int("dither_order", dither_order, 1, 64)
+    if self.alphabet_size > _MAX_LEVELS * 2 + 1:
+      raise ValueError(
+          f"`num_levels` + `dither_order` // 2 must be at most {_MAX_LEVELS} "
+          f"(the codes' alphabet must pack into int32 words). Received: "
+          f"num_levels={num_levels!r}, dither_order={dither_order!r}.")
 
   @property
   def num_levels(self):

@@ -31,7 +31,7 @@ class NestedDitheredCodec(dithered._BucketedCodec):  # pylint: disable=protected
   While `|α·(x - y) + e| < Δ2/2` (no overload) the error per element is
   `(α² - 1)(x - y) + α·e`, `e ~ U[-Δ1/2, Δ1/2]`: for `α = 1` the DQSG error
   at step `Δ1`, for `log2 k` instead of `log2(2·num_levels + 1)` bits.
-  Outside that range the result is off by a multiple of `κ·Δ2`, silently:
+  Outside that range the result is off by a multiple of `α·κ·Δ2`, silently:
   choose `Δ2` to cover the spread of `x - y` (see `ndq_tf.theory`).
 
   A bucket of zeros decodes to exact zeros whatever `y` is; a bucket with a

@@ -10,6 +10,7 @@ References:
   Reduction in Distributed Training. arXiv:1904.01197, 2019.
 """
 
+import numpy as np
 import tensorflow as tf
 
 __all__ = [
@@ -21,6 +22,17 @@ __all__ = [
     "nested_dequantize",
     "centered_mod",
 ]
+
+
+def _as(value, dtype):
+  """`value` cast to `dtype`, Python floats going through float64.
+
+  `tf.cast(0.1, tf.float64)` would first make a float32 constant and lose
+  precision; a NumPy array keeps Python's float64.
+  """
+  if not tf.is_tensor(value):
+    value = tf.constant(np.asarray(value))
+  return tf.cast(value, dtype)
 
 
 def _float(x, name):
@@ -49,7 +61,7 @@ def dithered_quantize(x, dither, step):
     `int32` codes of the broadcast shape. `round` is round-half-to-even.
   """
   x = _float(x, "x")
-  t = (x + tf.cast(dither, x.dtype)) / tf.cast(step, x.dtype)
+  t = (x + _as(dither, x.dtype)) / _as(step, x.dtype)
   return tf.cast(tf.round(t), tf.int32)
 
 
@@ -65,7 +77,7 @@ def dithered_dequantize(codes, dither, step):
     A tensor of `dither`'s dtype.
   """
   dither = _float(dither, "dither")
-  return (tf.cast(step, dither.dtype) * tf.cast(codes, dither.dtype)
+  return (_as(step, dither.dtype) * _as(codes, dither.dtype)
           - dither)
 
 
@@ -80,7 +92,7 @@ def half_dithered_quantize(x, dither, step):
 
 def half_dithered_dequantize(codes, step, dtype=tf.float32):
   """Reconstruction without the dither: `x̃_h = step * q`."""
-  return tf.cast(step, dtype) * tf.cast(codes, dtype)
+  return _as(step, dtype) * _as(codes, dtype)
 
 
 def centered_mod(c, k):
@@ -112,8 +124,8 @@ def nested_quantize(x, dither, fine_step, coarse_ratio, alpha=1.0):
   """
   x = _float(x, "x")
   _check_ratio(coarse_ratio)
-  t = tf.cast(alpha, x.dtype) * x + tf.cast(dither, x.dtype)
-  c = tf.cast(tf.round(t / tf.cast(fine_step, x.dtype)), tf.int32)
+  t = _as(alpha, x.dtype) * x + _as(dither, x.dtype)
+  c = tf.cast(tf.round(t / _as(fine_step, x.dtype)), tf.int32)
   return centered_mod(c, coarse_ratio)
 
 
@@ -142,10 +154,10 @@ def nested_dequantize(codes, dither, side_information, fine_step, coarse_ratio,
   y = _float(side_information, "side_information")
   _check_ratio(coarse_ratio)
   dtype = y.dtype
-  fine = tf.cast(fine_step, dtype)
+  fine = _as(fine_step, dtype)
   coarse = fine * coarse_ratio
-  alpha = tf.cast(alpha, dtype)
-  v = fine * tf.cast(codes, dtype) - tf.cast(dither, dtype) - alpha * y
+  alpha = _as(alpha, dtype)
+  v = fine * _as(codes, dtype) - _as(dither, dtype) - alpha * y
   w = v - coarse * tf.round(v / coarse)
   return y + alpha * w
 

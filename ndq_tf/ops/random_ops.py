@@ -90,14 +90,13 @@ def seed_keys(seed):
   if seed.shape.rank is not None and seed.shape != [2]:
     raise ValueError(
         f"`seed` must have shape [2]. Received: seed with shape {seed.shape}.")
-  if seed.dtype in (tf.int64, tf.uint64):
-    # Fold the high half into the low half so that every bit matters.
-    seed = tf.bitcast(tf.cast(seed, tf.int64), tf.uint32)  # [2, 2]: lo, hi
-    lo = seed[:, 0]
-    hi = seed[:, 1]
-    words = tf.bitwise.bitwise_xor(lo, _fmix32(hi + _u32(_GOLDEN)))
-  else:
-    words = tf.bitcast(tf.cast(seed, tf.int32), tf.uint32)
+  # The seed's *value* selects the stream, whatever its integer dtype: a
+  # sender passing int32 and a receiver passing int64 draw the same dither.
+  seed = tf.cast(seed, tf.int64)
+  parts = tf.bitcast(seed, tf.uint32)  # [2, 2]: low and high halves
+  # Fold the high half into the low half so that every bit matters.
+  words = tf.bitwise.bitwise_xor(parts[:, 0],
+                                 _fmix32(parts[:, 1] + _u32(_GOLDEN)))
   # Mix the two halves into each other so that seeds [a, b] and [b, a] differ.
   key0 = _fmix32(words[0] * _u32(_M1) + words[1])
   key1 = _fmix32(tf.bitwise.bitwise_xor(words[1], _u32(_GOLDEN)) * _u32(_M2)
