@@ -206,14 +206,15 @@ class AdaptiveFormulaTest(tf.test.TestCase, parameterized.TestCase):
       theory.gaussian_tail_quantile(p)
 
   @parameterized.parameters((3, 1e-4, 1.0), (3, 1e-2, 0.7), (5, 1e-3, 0.9))
-  def test_auto_fine_step_puts_the_overload_bound_at_the_target(
+  def test_auto_fine_step_puts_the_overload_probability_at_the_target(
       self, k, target, alpha):
     sigma = 0.03
     fine = theory.auto_nested_fine_step(sigma, k, target, alpha)
-    self.assertAlmostEqual(theory.overload_bound(alpha, sigma, fine, k) /
-                           target, 1.0, places=9)
-    self.assertLessEqual(theory.overload_probability(alpha, sigma, fine, k),
-                         target)
+    self.assertAlmostEqual(
+        theory.overload_probability(alpha, sigma, fine, k) / target, 1.0,
+        places=9)
+    # The cruder bound, which ignores the fine error's help, is above it.
+    self.assertGreater(theory.overload_bound(alpha, sigma, fine, k), target)
 
   @parameterized.parameters((3, 1e-4, 1.0), (3, 1e-2, 0.7), (5, 1e-3, 0.9))
   def test_auto_mse_factor_is_nested_mse_at_the_auto_step(self, k, target,

@@ -40,16 +40,16 @@ class NestedDitheredCodec(dithered._BucketedCodec):  # pylint: disable=protected
   Adaptive mode: `encode(x, seed, noise_scale=σ)`, with `σ` the receivers'
   estimate of the spread of `x - y` per bucket (e.g. from the previous
   step's decoded gradients, so that nothing extra is sent), sets the fine
-  step from the noise instead of the max: `Δ1 = 2α·t·σ/(k - 1)` with
-  `t = Q⁻¹(overload_target/2)`, so that a Gaussian `z` overloads with
-  probability at most `overload_target`. A bucket where that would not beat
+  step from the noise instead of the max: `Δ1 = r·σ`, with `r` solved so
+  that a Gaussian `z` overloads with probability `overload_target` per
+  element (`ndq_tf.theory.auto_nested_step_ratio`). A bucket where that would not beat
   DQSG with the same `k` symbols (`M = ⌊k/2⌋` levels of step `κ/M`), or
   whose `σ` is unknown (not finite or 0), falls back to DQSG: its scale goes
   on the wire negated, and its decoding ignores `y`. The wire format and
   size do not change. `alpha="mmse"` then picks the `α` that minimizes the
-  MSE under that constraint: with `Δ1` tied to `α`, the MSE is
-  `σ²·((1 - α²)² + α⁴·c)`, `c = t²/(3(k - 1)²)`, smallest at
-  `α² = 1/(1 + c)` (see `ndq_tf.theory.auto_nested_alpha`). Needs an odd
+  MSE `σ²·((1 - α²)² + α²·r(α)²/12)` under that constraint
+  (`ndq_tf.theory.auto_nested_alpha`; `r` grows with `α`, so this is not the
+  fixed-step MMSE rule of `ndq_tf.theory.mmse_alpha`). Needs an odd
   `coarse_ratio` (the DQSG fallback is symmetric).
 
   Example:
@@ -173,12 +173,11 @@ class NestedDitheredCodec(dithered._BucketedCodec):  # pylint: disable=protected
     k = self._coarse_ratio
     levels = k // 2
     alpha = self.adaptive_alpha
-    t = theory.gaussian_tail_quantile(self._overload_target / 2.0)
+    ratio = theory.auto_nested_step_ratio(k, self._overload_target, alpha)
     kappa = tf.cast(scales, xb.dtype)
     sigma = tf.cast(noise_scale, xb.dtype)
     # The step the receivers will see: rounded through the float32 scale.
-    wire_fine = tf.cast(2.0 * alpha * t / (k - 1) * sigma * self._num_levels,
-                        tf.float32)
+    wire_fine = tf.cast(ratio * sigma * self._num_levels, tf.float32)
     fine = tf.cast(wire_fine, xb.dtype) / self._num_levels
     mse_nested = sigma * sigma * theory.auto_nested_mse_factor(
         k, self._overload_target, alpha)
