@@ -17,5 +17,11 @@ from ndq_tf.codecs import NestedDitheredCodec
 from ndq_tf.codecs import Payload
 from ndq_tf.codecs import QSGDCodec
 from ndq_tf.codecs import TernGradCodec
+from ndq_tf import distribute
+from ndq_tf import keras
+from ndq_tf.distribute import CompressedAllReduce
+from ndq_tf.distribute import MirroredStrategy
+from ndq_tf.distribute import MultiWorkerMirroredStrategy
+from ndq_tf.keras import CompressionStats
 
 __version__ = "0.1.0"

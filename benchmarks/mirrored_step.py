@@ -1,0 +1,165 @@
+r"""Step time of ndq_tf.MirroredStrategy per codec against float32, one run.
+
+Trains an MLP with `strategy.run` + `optimizer.apply_gradients` on replicas
+that are logical CPU devices (default 4), first with TensorFlow's own
+float32 all-reduce (its default for CPUs, a collective ring, and
+`ReductionToOneDevice`, the fallback of `CompressedAllReduce`), then through
+`ndq_tf.MirroredStrategy` with each codec, and prints the median step time,
+its ratio to float32, and the wire bits per gradient element.
+
+On logical CPU devices bandwidth is free (a copy is a memcpy), so the ratio
+measures the pure compute overhead of compression: encode on every sender,
+decode of every sender on every replica. The issue's goal is <= 1.5x.
+
+Example:
+
+  python benchmarks/mirrored_step.py --steps=30 --codec=dqsg:num_levels=1
+"""
+
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+_CODECS = flags.DEFINE_multi_string(
+    "codec", ["float32", "dqsg:num_levels=1", "dqsg:num_levels=3", "qsgd",
+              "terngrad"],
+    "ndq_tf codec spec (repeatable), as for ndq_tf.codecs.get.")
+_REPLICAS = flags.DEFINE_integer("replicas", 4, "Logical CPU replicas.")
+_STEPS = flags.DEFINE_integer("steps", 30, "Timed steps per configuration.")
+_WARMUP = flags.DEFINE_integer("warmup", 5,
+                               "Untimed steps first (tracing, compilation).")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Global batch size.")
+_LAYERS = flags.DEFINE_list("layers", ["784", "1024", "512", "10"],
+                            "MLP layer widths, input first.")
+_STEPS_PER_ROUND = 5
+_MIN_ELEMENTS = flags.DEFINE_integer(
+    "min_elements", None, "CompressedAllReduce min_elements (default: its).")
+
+
+def split_cpu(replicas):
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(
+      cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+  return [d.name for d in tf.config.list_logical_devices("CPU")][:replicas]
+
+
+def make_step(strategy, widths):
+  """Builds the model on `strategy`; returns (run one step, parameters)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(0)
+  with strategy.scope():
+    model = keras.Sequential(
+        [keras.Input((widths[0],))]
+        + [keras.layers.Dense(w, activation="relu") for w in widths[1:-1]]
+        + [keras.layers.Dense(widths[-1])])
+    optimizer = keras.optimizers.SGD(0.01)
+    optimizer.build(model.trainable_variables)
+  loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                       reduction="sum")
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(_BATCH_SIZE.value, widths[0])).astype("float32")
+  y = rng.integers(0, widths[-1], size=(_BATCH_SIZE.value,)).astype("int32")
+  dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
+  iterator = iter(strategy.experimental_distribute_dataset(
+      dataset.unbatch().batch(_BATCH_SIZE.value)))
+
+  @tf.function
+  def train_step(inputs):
+    def replica_step(x, y):
+      with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x)) / _BATCH_SIZE.value
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return loss
+    return strategy.reduce("sum", strategy.run(replica_step, args=inputs),
+                           axis=None)
+
+  def run_step():
+    batch = next(iterator)
+    start = time.perf_counter()
+    train_step(batch).numpy()
+    return time.perf_counter() - start
+
+  return run_step, model.count_params()
+
+
+def time_round_robin(steps):
+  """Median step time of every configuration, measured interleaved.
+
+  The machine is shared: timing the configurations one after the other
+  would compare different background loads; rounds of a few steps each,
+  alternating between configurations, spread the load evenly.
+  """
+  for step in steps:
+    for _ in range(_WARMUP.value):
+      step()
+  times = [[] for _ in steps]
+  rounds = max(1, _STEPS.value // _STEPS_PER_ROUND)
+  for _ in range(rounds):
+    for i, step in enumerate(steps):
+      for _ in range(_STEPS_PER_ROUND):
+        times[i].append(step())
+  return [statistics.median(t) for t in times]
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  devices = split_cpu(_REPLICAS.value)
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+  import ndq_tf.distribute  # pylint: disable=g-import-not-at-top
+  widths = [int(w) for w in _LAYERS.value]
+  names, steps, strategies = [], [], []
+  baselines = [
+      ("tf float32 (default ring)", tf.distribute.MirroredStrategy(devices)),
+      ("tf float32 (ReductionToOneDevice)", tf.distribute.MirroredStrategy(
+          devices, cross_device_ops=tf.distribute.ReductionToOneDevice())),
+  ]
+  for name, strategy in baselines:
+    step, params = make_step(strategy, widths)
+    names.append(name)
+    steps.append(step)
+    strategies.append(None)
+  kwargs = {}
+  if _MIN_ELEMENTS.value is not None:
+    kwargs["min_elements"] = _MIN_ELEMENTS.value
+  for spec in _CODECS.value:
+    codec = ndq_tf.codecs.get(spec)
+    try:
+      strategy = ndq_tf.distribute.MirroredStrategy(codec=codec,
+                                                    devices=devices, **kwargs)
+    except (TypeError, ValueError) as e:
+      print(f"{spec}: skipped ({e})")
+      continue
+    step, _ = make_step(strategy, widths)
+    names.append(f"ndq {spec}")
+    steps.append(step)
+    strategies.append(strategy)
+  medians = time_round_robin(steps)
+  rows = []
+  for name, seconds, strategy in zip(names, medians, strategies):
+    bits = (32.0 if strategy is None else
+            strategy.compressed_all_reduce.wire_bits_per_element)
+    rows.append((name, seconds, bits))
+  reference = rows[0][1]
+  print(f"\nMLP {widths} ({params} parameters), {len(devices)} logical CPU "
+        f"replicas, global batch {_BATCH_SIZE.value}, median of "
+        f"{len(rows) and _STEPS.value} steps each, interleaved in rounds of "
+        f"{_STEPS_PER_ROUND}")
+  print(f"{'all-reduce':42s} {'ms/step':>8s} {'x float32':>9s} "
+        f"{'x R1D':>6s} {'bits/elt':>8s}")
+  for name, seconds, bits in rows:
+    print(f"{name:42s} {1e3 * seconds:8.1f} {seconds / reference:9.2f} "
+          f"{seconds / rows[1][1]:6.2f} {bits:8.3f}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,412 @@
+"""Tensor fusion: many gradients in one codec payload, decoded in a fixed order.
+
+This module is the strategy-agnostic core of every compressed all-reduce in
+`ndq_tf.distribute` (`CompressedAllReduce` for `MirroredStrategy`, and the
+multi-worker strategy). It knows nothing about devices, replicas or
+`tf.distribute`; it only turns a list of tensors into one `int32` wire per
+sender, and a list of wires (one per sender, in a fixed order) back into the
+list of summed tensors.
+
+Layout (`FusionPlan`)
+---------------------
+The tensors of one call are flattened, cast to `float32` and concatenated
+into one fused buffer, in the order given. When the codec has buckets
+(`codec.bucket_size = d`), every tensor is zero-padded to a multiple of `d`
+elements, so that **every tensor starts on a bucket boundary and no bucket
+spans two tensors**: each bucket's scale (its max) belongs to exactly one
+tensor, as if the tensors had been encoded one by one, and a tensor whose
+gradient is small is never quantized on the scale of a neighbour whose
+gradient is large. The price is at most `d - 1` padding elements per tensor
+(zeros, which cost code words but decode to values that are dropped). The
+whole buffer is then one codec *segment*: one `encode`, one payload.
+
+Codecs without buckets (`bucket_size=None`: one scale per encoded tensor)
+get one segment per tensor instead, so that each tensor keeps its own scale;
+the segments' wires are concatenated into the sender's single wire.
+
+Seeds
+-----
+`derive_seed(base_seed, step, sender)` gives each sender of each step its own
+seed (`ndq_tf.ops.fold_seed`, a pure integer hash, bit-exact on every device);
+segment `i` of a payload is encoded with `fold_seed(sender_seed, i)`; inside a
+segment the codec's counter-based RNG gives element `j` its own stream
+position. So the dither depends on (base seed, step, sender, tensor/segment,
+element) and never repeats across steps, senders or tensors.
+
+Decode order (`decode_sum`)
+---------------------------
+Every receiver decodes every sender's wire, in the order the wires are given
+(the caller fixes it: replica or worker index), and sums them with
+`tf.reduce_sum(tf.stack(...), axis=0)`. A chain of `a + b + c` may be
+re-associated differently by Grappler on different devices (measured: the
+last bits differ), `reduce_sum` over a stacked axis is one kernel with one
+order: every receiver obtains bitwise the same sum, so mirrored variables stay
+identical. Senders whose codec needs side information (nested codecs) are
+decoded with side information = the mean of everything decoded before them,
+so put the reference senders first (the paper's Algorithm 2); this ordering
+rule lives only in `decode_senders`.
+"""
+
+import tensorflow as tf
+
+from ndq_tf import ops as ndq_ops
+
+__all__ = [
+    "FusionPlan",
+    "decode_senders",
+    "decode_sum",
+    "derive_seed",
+    "encode_fused",
+]
+
+
+class FusionPlan:
+  """Static layout of several tensors inside one fused `float32` buffer.
+
+  Every tensor occupies `padded_sizes[i]` elements starting at `offsets[i]`:
+  its `sizes[i]` values, then zeros up to the next multiple of the alignment
+  (the codec's bucket size), so that a bucket never spans two tensors.
+
+  Example:
+
+  >>> plan = FusionPlan([(3, 4), (5,)], [tf.float32, tf.float16],
+  ...                   bucket_size=8)
+  >>> plan.offsets, plan.padded_sizes, plan.total_size
+  ((0, 16), (16, 8), 24)
+
+  Args:
+    shapes: sequence of fully defined shapes (anything `tf.TensorShape`
+      accepts), one per tensor.
+    dtypes: sequence of floating point dtypes, one per tensor.
+    bucket_size: the codec's bucket size (`codec.bucket_size`): every tensor
+      starts on a multiple of it. `None` for codecs without buckets: no
+      padding, and one codec segment per tensor (see `segments`).
+
+  Raises:
+    ValueError: if a shape is not fully defined, the lengths differ, or
+      `bucket_size` is not a positive integer or None.
+    TypeError: if a dtype is not floating point.
+  """
+
+  def __init__(self, shapes, dtypes, bucket_size=None):
+    shapes = [tf.TensorShape(s) for s in shapes]
+    dtypes = [tf.as_dtype(d) for d in dtypes]
+    if len(shapes) != len(dtypes):
+      raise ValueError(
+          f"`shapes` and `dtypes` must have the same length. Received: "
+          f"{len(shapes)} shapes and {len(dtypes)} dtypes.")
+    for i, (shape, dtype) in enumerate(zip(shapes, dtypes)):
+      if not shape.is_fully_defined():
+        raise ValueError(
+            f"Every shape must be fully defined. Received: shapes[{i}]="
+            f"{shape}.")
+      if not dtype.is_floating:
+        raise TypeError(
+            f"Every dtype must be floating point. Received: dtypes[{i}]="
+            f"{dtype.name}.")
+    if bucket_size is not None and (
+        isinstance(bucket_size, bool) or not isinstance(bucket_size, int)
+        or bucket_size < 1):
+      raise ValueError(
+          f"`bucket_size` must be a positive integer or None. Received: "
+          f"bucket_size={bucket_size!r}.")
+    self._shapes = tuple(shapes)
+    self._dtypes = tuple(dtypes)
+    self._bucket_size = bucket_size
+    align = bucket_size or 1
+    sizes, padded, offsets = [], [], []
+    offset = 0
+    for shape in shapes:
+      n = shape.num_elements()
+      p = -(-n // align) * align
+      sizes.append(n)
+      padded.append(p)
+      offsets.append(offset)
+      offset += p
+    self._sizes = tuple(sizes)
+    self._padded_sizes = tuple(padded)
+    self._offsets = tuple(offsets)
+    self._total_size = offset
+    if bucket_size is None:
+      self._segments = tuple(
+          (o, p) for o, p in zip(offsets, padded) if p > 0)
+    else:
+      self._segments = ((0, offset),) if offset > 0 else ()
+
+  @classmethod
+  def from_tensors(cls, tensors, bucket_size=None):
+    """Builds the plan of a list of tensors (their static shapes, dtypes)."""
+    return cls([t.shape for t in tensors], [t.dtype for t in tensors],
+               bucket_size=bucket_size)
+
+  @property
+  def shapes(self):
+    return self._shapes
+
+  @property
+  def dtypes(self):
+    return self._dtypes
+
+  @property
+  def bucket_size(self):
+    return self._bucket_size
+
+  @property
+  def sizes(self):
+    """Number of elements of every tensor."""
+    return self._sizes
+
+  @property
+  def padded_sizes(self):
+    """Elements every tensor occupies in the fused buffer (with padding)."""
+    return self._padded_sizes
+
+  @property
+  def offsets(self):
+    """Start of every tensor in the fused buffer."""
+    return self._offsets
+
+  @property
+  def num_elements(self):
+    """Real elements (without padding) of all tensors together."""
+    return sum(self._sizes)
+
+  @property
+  def total_size(self):
+    """Length of the fused buffer, padding included."""
+    return self._total_size
+
+  @property
+  def segments(self):
+    """`(start, length)` of every codec segment of the fused buffer.
+
+    One segment (the whole buffer) for bucketed codecs, one per tensor for
+    codecs without buckets.
+    """
+    return self._segments
+
+  def wire_words(self, codec):
+    """Length of one sender's `int32` wire with `codec`."""
+    return sum(codec.wire_bits(length) // 32 for _, length in self._segments)
+
+  def wire_bits(self, codec):
+    """Bits of one sender's wire with `codec` (`32 * wire_words`)."""
+    return 32 * self.wire_words(codec)
+
+  def float32_bits(self):
+    """Bits the same tensors cost as plain `float32` (without padding)."""
+    return 32 * self.num_elements
+
+  def flatten(self, tensors):
+    """Fuses `tensors` into the padded `float32` buffer of this plan.
+
+    Args:
+      tensors: list of tensors of the plan's shapes (any floating dtype).
+
+    Returns:
+      A 1-D `float32` tensor of `total_size` elements.
+
+    Raises:
+      ValueError: if the tensors do not match the plan.
+    """
+    tensors = list(tensors)
+    if len(tensors) != len(self._shapes):
+      raise ValueError(
+          f"This plan fuses {len(self._shapes)} tensors. Received: "
+          f"{len(tensors)} tensors.")
+    parts = []
+    for i, t in enumerate(tensors):
+      t = tf.convert_to_tensor(t)
+      if not t.shape.is_compatible_with(self._shapes[i]):
+        raise ValueError(
+            f"Tensor {i} must have shape {self._shapes[i]}. Received: shape "
+            f"{t.shape}.")
+      parts.append(tf.reshape(tf.cast(t, tf.float32), [-1]))
+      pad = self._padded_sizes[i] - self._sizes[i]
+      if pad:  # Zeros as their own piece: one copy (the concat), not two.
+        parts.append(tf.zeros([pad], tf.float32))
+    if not parts:
+      return tf.zeros([0], tf.float32)
+    return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+
+  def split(self, fused):
+    """Inverse of `flatten`: drops the padding, reshapes and casts back.
+
+    Args:
+      fused: 1-D float tensor of `total_size` elements.
+
+    Returns:
+      A list of tensors of the plan's shapes and dtypes.
+    """
+    out = []
+    for shape, dtype, offset, n in zip(self._shapes, self._dtypes,
+                                       self._offsets, self._sizes):
+      part = fused[offset:offset + n]
+      out.append(tf.cast(tf.reshape(part, shape), dtype))
+    return out
+
+  def __repr__(self):
+    return (f"FusionPlan(tensors={len(self._shapes)}, elements="
+            f"{self.num_elements}, total_size={self._total_size}, "
+            f"bucket_size={self._bucket_size})")
+
+
+def derive_seed(base_seed, step, sender):
+  """The seed of one sender's payload at one step.
+
+  Args:
+    base_seed: shape-`[2]` integer tensor (the all-reduce's base seed).
+    step: integer scalar, the aggregation counter.
+    sender: integer scalar, the sender's fixed index (replica or worker).
+
+  Returns:
+    A shape-`[2]` `int32` tensor; distinct `(step, sender)` pairs give
+    unrelated seeds.
+  """
+  return ndq_ops.fold_seed(ndq_ops.fold_seed(base_seed, step), sender)
+
+
+def encode_fused(codec, tensors, seed, plan=None):
+  """Encodes several tensors into one sender's `int32` wire.
+
+  Flattens, casts to `float32`, pads (see `FusionPlan`), concatenates,
+  `codec.encode`s every segment with `fold_seed(seed, segment_index)` and
+  concatenates the segments' `codec.to_wire` outputs.
+
+  Example:
+
+  >>> plan = FusionPlan.from_tensors(grads, codec.bucket_size)
+  >>> wire = encode_fused(codec, grads, seed, plan)   # int32 [wire_words]
+
+  Args:
+    codec: an `ndq_tf` codec.
+    tensors: list of floating point tensors with static shapes.
+    seed: shape-`[2]` integer tensor, this sender's seed at this step.
+    plan: the `FusionPlan` of `tensors`; built from them when None.
+
+  Returns:
+    A 1-D `int32` tensor of `plan.wire_words(codec)` elements.
+  """
+  if plan is None:
+    plan = FusionPlan.from_tensors(tensors, codec.bucket_size)
+  _check_plan(codec, plan)
+  fused = plan.flatten(tensors)
+  wires = []
+  for index, (start, length) in enumerate(plan.segments):
+    payload = codec.encode(fused[start:start + length],
+                           ndq_ops.fold_seed(seed, index))
+    wires.append(codec.to_wire(payload))
+  if not wires:
+    return tf.zeros([0], tf.int32)
+  return tf.concat(wires, axis=0) if len(wires) > 1 else wires[0]
+
+
+def _decode_fused(codec, wire, seed, plan, side_information=None):
+  """Decodes one sender's wire into the fused `float32` buffer."""
+  parts = []
+  wire_offset = 0
+  for index, (start, length) in enumerate(plan.segments):
+    words = codec.wire_bits(length) // 32
+    payload = codec.from_wire(wire[wire_offset:wire_offset + words],
+                              [length], tf.float32)
+    wire_offset += words
+    kwargs = {}
+    if codec.needs_side_information:
+      kwargs["side_information"] = side_information[start:start + length]
+    parts.append(codec.decode(payload, ndq_ops.fold_seed(seed, index),
+                              **kwargs))
+  if not parts:
+    return tf.zeros([0], tf.float32)
+  return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+
+
+def _sum(tensors):
+  """Deterministic sum: one `reduce_sum` over a stacked axis (see module doc)."""
+  if len(tensors) == 1:
+    return tensors[0]
+  return tf.reduce_sum(tf.stack(tensors, axis=0), axis=0)
+
+
+def decode_senders(codecs, wires, seeds, plan):
+  """Decodes every sender's wire, in the given order, into fused buffers.
+
+  The one place that fixes the decode order. Sender `i` is decoded with
+  `codecs[i]`; when that codec needs side information (a nested codec), it
+  gets the mean of all buffers decoded before it, so reference senders
+  (codecs without side information) must come first.
+
+  Args:
+    codecs: a codec, or a list with one codec per sender.
+    wires: list of 1-D `int32` wires, one per sender, in the fixed order.
+    seeds: list of the senders' seeds (same order).
+    plan: the `FusionPlan` the senders encoded with.
+
+  Returns:
+    A list of 1-D `float32` tensors of `plan.total_size` elements, one per
+    sender (padding included).
+
+  Raises:
+    ValueError: if the lengths differ or a sender needing side information
+      comes before any sender that does not.
+  """
+  wires, seeds = list(wires), list(seeds)
+  if not isinstance(codecs, (list, tuple)):
+    codecs = [codecs] * len(wires)
+  if not len(codecs) == len(wires) == len(seeds):
+    raise ValueError(
+        f"`codecs`, `wires` and `seeds` must have one entry per sender. "
+        f"Received: {len(codecs)} codecs, {len(wires)} wires and "
+        f"{len(seeds)} seeds.")
+  decoded = []
+  for sender, (codec, wire, seed) in enumerate(zip(codecs, wires, seeds)):
+    _check_plan(codec, plan)
+    side_information = None
+    if codec.needs_side_information:
+      if not decoded:
+        raise ValueError(
+            f"Sender {sender} uses {type(codec).__name__}, which needs side "
+            f"information, but no sender was decoded before it: order the "
+            f"senders so that at least one reference sender (a codec without "
+            f"side information) comes first.")
+      side_information = _sum(decoded) / len(decoded)
+    decoded.append(_decode_fused(codec, wire, seed, plan, side_information))
+  return decoded
+
+
+def decode_sum(codec, wires, seeds, plan, mean=False):
+  """Decodes every sender in fixed order and returns the summed tensors.
+
+  Every receiver that calls this with the same wires, seeds and plan gets
+  bitwise identical results, on any device.
+
+  Example:
+
+  >>> summed = decode_sum(codec, [wire_0, wire_1], [seed_0, seed_1], plan)
+
+  Args:
+    codec: an `ndq_tf` codec, or a list with one codec per sender (e.g.
+      reference senders first, then nested ones; see `decode_senders`).
+    wires: list of 1-D `int32` wires, one per sender, in the fixed order.
+    seeds: list of the senders' seeds, same order.
+    plan: the `FusionPlan` the senders encoded with.
+    mean: divide the sum by the number of senders (in `float32`, before the
+      cast back to the tensors' dtypes).
+
+  Returns:
+    A list of tensors with the plan's shapes and dtypes.
+  """
+  decoded = decode_senders(codec, wires, seeds, plan)
+  if not decoded:
+    raise ValueError("`wires` must hold at least one sender. Received: [].")
+  total = _sum(decoded)
+  if mean:
+    total = total / float(len(decoded))
+  return plan.split(total)
+
+
+def _check_plan(codec, plan):
+  if plan.bucket_size != codec.bucket_size:
+    raise ValueError(
+        f"The plan was made for bucket_size={plan.bucket_size} but the codec "
+        f"{codec!r} has bucket_size={codec.bucket_size}: build the plan with "
+        f"`FusionPlan.from_tensors(tensors, codec.bucket_size)`.")

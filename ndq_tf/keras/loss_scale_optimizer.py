@@ -1,0 +1,63 @@
+"""A `LossScaleOptimizer` that skips the step when *any* replica overflowed."""
+
+import math
+
+import keras
+import tensorflow as tf
+
+from ndq_tf.distribute.cross_device_ops import uncompressed
+
+__all__ = [
+    "LossScaleOptimizer",
+]
+
+
+def _poison(grad, flag):
+  """`grad` with every value NaN where the scalar bool `flag` is True."""
+  if grad is None:
+    return None
+  if isinstance(grad, tf.IndexedSlices):
+    return tf.IndexedSlices(_poison(grad.values, flag), grad.indices,
+                            grad.dense_shape)
+  nan = tf.constant(math.nan, grad.dtype)
+  return tf.where(flag, nan, grad)
+
+
+@keras.saving.register_keras_serializable(package="ndq_tf")
+class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+  """`keras.optimizers.LossScaleOptimizer` whose overflow check sees every replica.
+
+  Keras 3.15's `LossScaleOptimizer`, under `tf.distribute.MirroredStrategy`,
+  decides whether to skip a step from replica 0's *local* gradients only
+  (measured: a NaN on replica 1 alone is applied to the weights, with TF's
+  own all-reduce as with ours). This subclass first all-reduces one flag
+  "my local gradients are not finite" (a lossless scalar all-reduce) and, if
+  any replica raised it, turns every replica's gradients into NaN, so that
+  the stock check skips the step and lowers the scale on every replica.
+  Nothing is patched globally; outside a multi-replica context it behaves
+  exactly like the Keras class.
+
+  Pass it to `compile` yourself (Keras wraps only plain optimizers):
+
+  >>> with strategy.scope():
+  ...   keras.mixed_precision.set_dtype_policy("mixed_float16")
+  ...   model = make_model()
+  ...   model.compile(
+  ...       optimizer=ndq_tf.keras.LossScaleOptimizer(keras.optimizers.SGD()),
+  ...       loss="mse")
+
+  Args:
+    inner_optimizer, initial_scale, dynamic_growth_steps, **kwargs: as for
+      `keras.optimizers.LossScaleOptimizer`.
+  """
+
+  def apply(self, grads, trainable_variables=None):
+    grads = list(grads)
+    ctx = tf.distribute.get_replica_context()
+    if (ctx is not None and ctx.num_replicas_in_sync > 1
+        and not tf.distribute.in_cross_replica_context()):
+      bad = tf.cast(tf.logical_not(self.check_finite(grads)), tf.float32)
+      with uncompressed():
+        any_bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM, bad) > 0
+      grads = [_poison(g, any_bad) for g in grads]
+    return super().apply(grads, trainable_variables)

@@ -1,0 +1,192 @@
+"""One worker of the multi-worker tests (started by `ndq_tf.launch`).
+
+Trains a tiny MLP with `ndq_tf.MultiWorkerMirroredStrategy` and writes what the
+test checks to `<out_dir>/worker<i>.npz`: the weights, the compression step
+before and after training, and the bits of the last exchange.
+
+Modes: `fit` (model.fit, optionally with BackupAndRestore and a worker that
+dies at a given global step) and `ctl` (a custom training loop with
+`strategy.run`). `--step_offset` shifts one worker's compression step to
+provoke the step-mismatch error.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+# Only the gradient all-reduce goes through the codec, and only the first
+# kernel (64 x 32 = 2048 elements) reaches MIN_ELEMENTS.
+MIN_ELEMENTS = 1000
+INPUTS, HIDDEN, CLASSES = 64, 32, 10
+GLOBAL_BATCH = 32
+
+
+def _parse():
+  p = argparse.ArgumentParser(description=__doc__)
+  p.add_argument("--mode", choices=["fit", "ctl"], default="fit",
+                 help="model.fit or a custom training loop.")
+  p.add_argument("--out_dir", required=True, help="Where results go.")
+  p.add_argument("--steps", type=int, default=20, help="Steps per epoch.")
+  p.add_argument("--epochs", type=int, default=1, help="Epochs (fit only).")
+  p.add_argument("--backup_dir", default=None,
+                 help="BackupAndRestore directory (a subdirectory per worker).")
+  p.add_argument("--save_freq", type=int, default=5,
+                 help="BackupAndRestore save_freq in batches.")
+  p.add_argument("--die_at_step", type=int, default=None,
+                 help="Global step at which --die_worker exits with code 3.")
+  p.add_argument("--die_worker", type=int, default=1,
+                 help="Worker that dies at --die_at_step.")
+  p.add_argument("--step_offset", type=int, default=0,
+                 help="Added to worker 1's compression step before training.")
+  p.add_argument("--num_levels", type=int, default=3,
+                 help="DitheredCodec levels.")
+  p.add_argument("--eager", action="store_true",
+                 help="ctl: run the train step eagerly (no tf.function).")
+  p.add_argument("--nested", action="store_true",
+                 help="Worker 1 sends NestedDitheredCodec(coarse_ratio=3), "
+                      "worker 0 the reference DitheredCodec(num_levels=1).")
+  return p.parse_args()
+
+
+def _data(worker):
+  rng = np.random.RandomState(1234)
+  x = rng.randn(512, INPUTS).astype("float32")
+  w = rng.randn(INPUTS, CLASSES).astype("float32")
+  y = np.argmax(x @ w, axis=1).astype("int32")
+  return x, y
+
+
+def main():
+  args = _parse()
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+  from ndq_tf.distribute import multi_worker  # pylint: disable=g-import-not-at-top
+
+  if args.nested:
+    codecs = [ndq_tf.DitheredCodec(num_levels=1),
+              ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)]
+    strategy = multi_worker.MultiWorkerMirroredStrategy(
+        codec=codecs[1], reference_codec=codecs[0], reference_workers=1,
+        min_elements=MIN_ELEMENTS, seed=7, cluster_timeout=60)
+  else:
+    codecs = [ndq_tf.DitheredCodec(num_levels=args.num_levels)] * 2
+    strategy = multi_worker.MultiWorkerMirroredStrategy(
+        codec=codecs[0], min_elements=MIN_ELEMENTS, seed=7,
+        cluster_timeout=60)
+  worker = strategy.cluster_resolver.task_id
+  codec = codecs[worker]
+  os.makedirs(args.out_dir, exist_ok=True)
+  keras.utils.set_random_seed(42)  # Same on every worker; weights broadcast.
+
+  x, y = _data(worker)
+  with strategy.scope():
+    model = keras.Sequential([
+        keras.Input((INPUTS,)),
+        keras.layers.Dense(HIDDEN, activation="relu"),
+        keras.layers.Dense(CLASSES),
+    ])
+    optimizer = keras.optimizers.SGD(learning_rate=0.1)
+    model.compile(optimizer,
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+  if worker == 1 and args.step_offset:
+    strategy.compression_step.assign_add(args.step_offset)
+
+  ops = strategy.compressed_all_reduce
+  record = {"step_before": None}
+
+  if args.mode == "fit":
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+        GLOBAL_BATCH)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.DATA)
+    ds = ds.with_options(options)
+
+    class Probe(keras.callbacks.Callback):
+      """Records the step the first exchange uses; dies when asked."""
+
+      def on_train_batch_begin(self, batch, logs=None):
+        if record["step_before"] is None:
+          record["step_before"] = int(strategy.compression_step.numpy())
+          record["iterations_before"] = int(optimizer.iterations.numpy())
+          print(f"first batch: compression step {record['step_before']}",
+                flush=True)
+
+      def on_train_batch_end(self, batch, logs=None):
+        step = int(optimizer.iterations.numpy())
+        if args.die_at_step is not None and worker == args.die_worker and (
+            step >= args.die_at_step):
+          print(f"worker {worker} dies at step {step}", flush=True)
+          os._exit(3)  # pylint: disable=protected-access
+
+    callbacks = []
+    if args.backup_dir:
+      callbacks.append(keras.callbacks.BackupAndRestore(
+          os.path.join(args.backup_dir, f"worker{worker}"),
+          save_freq=args.save_freq, delete_checkpoint=False))
+    callbacks.append(Probe())
+    model.fit(ds, epochs=args.epochs, steps_per_epoch=args.steps, verbose=2,
+              callbacks=callbacks)
+  else:
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+        GLOBAL_BATCH)
+    dist = iter(strategy.experimental_distribute_dataset(ds))
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="sum")
+
+    def train_step(iterator):
+      def step_fn(inputs):
+        features, labels = inputs
+        with tf.GradientTape() as tape:
+          logits = model(features, training=True)
+          loss = loss_fn(labels, logits) / GLOBAL_BATCH
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        # A user all-reduce big enough to be compressed, opted out: exact.
+        ctx = tf.distribute.get_replica_context()
+        ones = tf.fill([INPUTS * HIDDEN],
+                       tf.cast(ctx.replica_id_in_sync_group, tf.float32) + 1.0)
+        with ndq_tf.distribute.uncompressed():
+          exact = ctx.all_reduce("SUM", ones)
+        return loss, tf.reduce_max(tf.abs(exact - 3.0))
+      loss, error = strategy.run(step_fn, args=(next(iterator),))
+      return (strategy.reduce("SUM", loss, axis=None),
+              strategy.reduce("SUM", error, axis=None))
+
+    if not args.eager:
+      train_step = tf.function(train_step)
+    record["step_before"] = int(strategy.compression_step.numpy())
+    record["uncompressed_error"] = 0.0
+    for i in range(args.steps):
+      loss, error = train_step(dist)
+      record["uncompressed_error"] = max(record["uncompressed_error"],
+                                         float(error))
+      if i % 5 == 0:
+        print(f"step {i} loss {float(loss):.4f}", flush=True)
+
+  np.savez(
+      os.path.join(args.out_dir, f"worker{worker}.npz"),
+      *[v.numpy() for v in model.weights],
+      step_before=np.int64(record["step_before"]),
+      step_after=np.int64(strategy.compression_step.numpy()),
+      iterations=np.int64(optimizer.iterations.numpy()),
+      sent_bits=np.int64(ops.sent_bits.numpy()),
+      wire_bits=np.int64(ops.wire_bits.numpy()),
+      float32_bits=np.int64(ops.float32_bits.numpy()),
+      expected_wire_bits=np.int64(codec.wire_bits(INPUTS * HIDDEN)),
+      num_weights=np.int64(len(model.weights)),
+      uncompressed_error=np.float64(record.get("uncompressed_error", 0.0)))
+  print("RESULT " + json.dumps({
+      "worker": worker,
+      "step_after": int(strategy.compression_step.numpy()),
+      "sent_bits": int(ops.sent_bits.numpy())}), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,139 @@
+"""Tests of `python -m ndq_tf.launch` with tiny non-TF child programs.
+
+The launcher runs as a script (`ndq_tf/launch.py`), so no test here imports
+TensorFlow in a child; each test takes well under a few seconds.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ndq_tf import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = os.path.join(ROOT, "ndq_tf", "launch.py")
+
+# Child programs: the worker index comes from TF_CONFIG, as for real workers.
+_INDEX = "import json, os; i = json.loads(os.environ['TF_CONFIG'])['task']['index']"
+PRINT_CONFIG = f"{_INDEX}; print('CONFIG ' + os.environ['TF_CONFIG'])"
+ONE_FAILS = (f"import sys, time; {_INDEX}\n"
+             "if i == 1: print('failing', flush=True); sys.exit(5)\n"
+             "time.sleep(60); print('worker 0 finished')")
+SLEEP = "import time; print('sleeping', flush=True); time.sleep(60)"
+CATCH_SIGINT = ("import sys, time\n"
+                "print('ready', flush=True)\n"
+                "try:\n  time.sleep(60)\n"
+                "except KeyboardInterrupt:\n"
+                "  print('got SIGINT', flush=True); sys.exit(130)")
+IGNORE_SIGTERM = ("import signal, time\n"
+                  "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                  "print('stubborn', flush=True); time.sleep(60)")
+
+
+def _launch(code, *options, timeout=30):
+  cmd = [sys.executable, LAUNCH, *options, "--", sys.executable, "-c", code]
+  start = time.monotonic()
+  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+  return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+def test_success_prefixes_every_line_with_the_worker_index():
+  code, output, _ = _launch(PRINT_CONFIG, "--num_workers", "3")
+  assert code == 0, output
+  lines = [l for l in output.splitlines() if l.startswith("[worker")]
+  assert sorted(l.split("]")[0] + "]" for l in lines) == [
+      "[worker 0]", "[worker 1]", "[worker 2]"]
+
+
+def test_tf_config_names_all_workers_and_each_own_index():
+  code, output, _ = _launch(PRINT_CONFIG, "--num_workers", "3")
+  assert code == 0, output
+  configs = {}
+  for line in output.splitlines():
+    if line.startswith("[worker") and " CONFIG " in line:
+      prefix, config = line.split(" CONFIG ", 1)
+      configs[int(prefix.split()[1].rstrip("]"))] = json.loads(config)
+  assert sorted(configs) == [0, 1, 2]
+  cluster = configs[0]["cluster"]
+  assert list(cluster) == ["worker"] and len(cluster["worker"]) == 3
+  ports = {a.split(":")[1] for a in cluster["worker"]}
+  assert len(ports) == 3
+  assert all(a.startswith("127.0.0.1:") for a in cluster["worker"])
+  for index, config in configs.items():
+    assert config["cluster"] == cluster
+    assert config["task"] == {"type": "worker", "index": index}
+
+
+def test_failing_worker_stops_the_others_and_gives_its_exit_code():
+  code, output, elapsed = _launch(ONE_FAILS, "--num_workers", "2")
+  assert code == 5, output
+  assert "worker 1 failed with exit code 5" in output
+  assert "[worker 0] worker 0 finished" not in output
+  assert elapsed < 20
+
+
+def test_timeout_stops_all_workers_and_exits_124():
+  code, output, elapsed = _launch(SLEEP, "--num_workers", "2", "--timeout",
+                                  "1")
+  assert code == launch.TIMEOUT_EXIT_CODE, output
+  assert "timeout after 1 s" in output
+  assert elapsed < 15
+
+
+def test_worker_ignoring_sigterm_is_killed_after_grace():
+  code, output, elapsed = _launch(IGNORE_SIGTERM, "--num_workers", "2",
+                                  "--timeout", "1", "--grace", "0.5")
+  assert code == launch.TIMEOUT_EXIT_CODE, output
+  assert elapsed < 15
+
+
+def test_sigint_is_forwarded_to_every_worker():
+  cmd = [sys.executable, LAUNCH, "--num_workers", "2", "--", sys.executable,
+         "-c", CATCH_SIGINT]
+  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  try:
+    ready = 0
+    lines = []
+    while ready < 2:
+      line = proc.stdout.readline()
+      assert line, "".join(lines)
+      lines.append(line)
+      ready += line.strip().endswith("ready")
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=20)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  assert proc.returncode == 128 + signal.SIGINT, output
+  assert output.count("] got SIGINT\n") == 2, output
+
+
+def test_missing_command_is_a_usage_error():
+  proc = subprocess.run([sys.executable, LAUNCH, "--num_workers", "2"],
+                        capture_output=True, text=True, timeout=30)
+  assert proc.returncode == 2
+  assert "give the worker command after `--`" in proc.stderr
+
+
+def test_make_tf_config_rejects_out_of_range_index():
+  with pytest.raises(ValueError, match=r"`index` must be an int in \[0, 2\)"):
+    launch.make_tf_config(["127.0.0.1:1", "127.0.0.1:2"], 2)
+
+
+def test_find_free_ports_are_distinct():
+  ports = launch.find_free_ports(4)
+  assert len(set(ports)) == 4
+
+
+def test_launch_rejects_bad_arguments():
+  with pytest.raises(ValueError, match="`num_workers` must be a positive int"):
+    launch.launch(["true"], num_workers=0)
+  with pytest.raises(ValueError, match="`timeout` must be positive"):
+    launch.launch(["true"], num_workers=1, timeout=0)

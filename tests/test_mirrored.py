@@ -1,0 +1,481 @@
+"""Tests of CompressedAllReduce, the fusion core and ndq_tf.MirroredStrategy.
+
+Real TensorFlow on 4 logical CPU devices (split by tests/conftest.py). The
+training tests (model.fit, accuracy, resume, loss scaling) are in
+test_mirrored_training.py.
+"""
+
+import copy
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ndq_tf
+import ndq_tf.keras
+from ndq_tf.distribute import fusion
+from ndq_tf.distribute import mirrored
+from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
+from ndq_tf.distribute.cross_device_ops import uncompressed
+from ndq_tf.distribute.mirrored import MirroredStrategy
+
+NUM_REPLICAS = 4
+M = 3  # DitheredCodec(num_levels=3): 7 levels, step 1/3.
+
+
+def _devices():
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+  assert len(devices) >= NUM_REPLICAS, devices
+  return devices[:NUM_REPLICAS]
+
+
+def _bits(x):
+  x = np.asarray(x)
+  return x.view(np.uint8 if x.dtype.itemsize == 1 else
+                {2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize])
+
+
+def _assert_bitwise_equal(values):
+  first = _bits(values[0].numpy())
+  for v in values[1:]:
+    np.testing.assert_array_equal(first, _bits(v.numpy()))
+
+
+def _local(strategy, value):
+  return strategy.experimental_local_results(value)
+
+
+def _replica_values(strategy, fn):
+  """PerReplica value with `fn(replica_id)` on every replica."""
+  return strategy.experimental_distribute_values_from_function(
+      lambda ctx: fn(ctx.replica_id_in_sync_group))
+
+
+# -- FusionPlan ----------------------------------------------------------------
+
+
+class TestFusionPlan:
+
+  def test_every_tensor_starts_on_a_bucket_boundary(self):
+    plan = fusion.FusionPlan([(3, 4), (5,), (8,)],
+                             [tf.float32, tf.float16, tf.float64],
+                             bucket_size=8)
+    assert plan.sizes == (12, 5, 8)
+    assert plan.padded_sizes == (16, 8, 8)
+    assert plan.offsets == (0, 16, 24)
+    assert plan.total_size == 32
+    assert plan.num_elements == 25
+    assert plan.segments == ((0, 32),)
+
+  def test_codec_without_buckets_gets_one_segment_per_tensor(self):
+    plan = fusion.FusionPlan([(3,), (2, 2)], [tf.float32] * 2)
+    assert plan.padded_sizes == (3, 4)
+    assert plan.segments == ((0, 3), (3, 4))
+
+  def test_flatten_split_round_trip_restores_shapes_and_dtypes(self):
+    tensors = [tf.reshape(tf.range(12, dtype=tf.float32), [3, 4]),
+               tf.constant([1.5, -2.0, 3.25], tf.float16),
+               tf.constant([[7.0]], tf.float64)]
+    plan = fusion.FusionPlan.from_tensors(tensors, bucket_size=4)
+    fused = plan.flatten(tensors)
+    assert fused.shape == [plan.total_size] and fused.dtype == tf.float32
+    np.testing.assert_array_equal(fused[12:16].numpy(), [1.5, -2.0, 3.25, 0.0])
+    for original, back in zip(tensors, plan.split(fused)):
+      assert back.dtype == original.dtype and back.shape == original.shape
+      np.testing.assert_array_equal(back.numpy(), original.numpy())
+
+  @pytest.mark.parametrize("kwargs, error", [
+      ({"shapes": [(None, 3)], "dtypes": [tf.float32]}, ValueError),
+      ({"shapes": [(3,)], "dtypes": [tf.int32]}, TypeError),
+      ({"shapes": [(3,)], "dtypes": [tf.float32], "bucket_size": 0},
+       ValueError),
+      ({"shapes": [(3,), (2,)], "dtypes": [tf.float32]}, ValueError),
+  ])
+  def test_invalid_arguments_raise(self, kwargs, error):
+    with pytest.raises(error):
+      fusion.FusionPlan(**kwargs)
+
+
+class TestFusedCoding:
+
+  def _inputs(self, num_senders=3):
+    rng = np.random.default_rng(0)
+    return [[tf.constant(rng.normal(size=(40, 30)), tf.float32),
+             tf.constant(rng.normal(size=(70,)), tf.float32)]
+            for _ in range(num_senders)]
+
+  def test_wire_has_the_plans_size_and_one_payload_per_sender(self):
+    codec = ndq_tf.DitheredCodec(num_levels=M, bucket_size=64)
+    tensors = self._inputs(1)[0]
+    plan = fusion.FusionPlan.from_tensors(tensors, codec.bucket_size)
+    wire = fusion.encode_fused(codec, tensors, tf.constant([1, 2]), plan)
+    assert wire.dtype == tf.int32
+    assert wire.shape == [plan.wire_words(codec)]
+    assert plan.wire_bits(codec) == codec.wire_bits(plan.total_size)
+    assert plan.total_size == 1216 + 128  # 19 and 2 buckets of 64
+
+  def test_decode_sum_is_within_the_dqsg_bound(self):
+    codec = ndq_tf.DitheredCodec(num_levels=M, bucket_size=64)
+    senders = self._inputs()
+    plan = fusion.FusionPlan.from_tensors(senders[0], codec.bucket_size)
+    seeds = [fusion.derive_seed(tf.constant([5, 6]), 0, s) for s in range(3)]
+    wires = [fusion.encode_fused(codec, t, s, plan)
+             for t, s in zip(senders, seeds)]
+    summed = fusion.decode_sum(codec, wires, seeds, plan)
+    for k, result in enumerate(summed):
+      exact = sum(s[k] for s in senders)
+      # |error| <= sum over senders of kappa * step / 2, kappa <= max |g|.
+      bound = sum(float(tf.reduce_max(tf.abs(s[k]))) for s in senders) / (2 * M)
+      assert float(tf.reduce_max(tf.abs(result - exact))) <= bound * (1 + 1e-5)
+    mean = fusion.decode_sum(codec, wires, seeds, plan, mean=True)
+    np.testing.assert_allclose(mean[0].numpy(), summed[0].numpy() / 3,
+                               rtol=1e-6)
+
+  def test_sender_needing_side_information_first_raises(self):
+    nested = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3,
+                                        bucket_size=64)
+    tensors = self._inputs(1)[0]
+    plan = fusion.FusionPlan.from_tensors(tensors, 64)
+    seed = tf.constant([1, 1])
+    wire = fusion.encode_fused(nested, tensors, seed, plan)
+    with pytest.raises(ValueError, match="side information"):
+      fusion.decode_senders([nested], [wire], [seed], plan)
+
+  def test_different_steps_and_senders_give_different_seeds(self):
+    base = tf.constant([0, 0])
+    seeds = {tuple(fusion.derive_seed(base, t, s).numpy())
+             for t in range(5) for s in range(4)}
+    assert len(seeds) == 20
+
+
+# -- CompressedAllReduce -------------------------------------------------------
+
+
+class TestCompressedAllReduce:
+
+  def test_config_round_trips(self):
+    ops = CompressedAllReduce(ndq_tf.DitheredCodec(num_levels=2),
+                              min_elements=7, seed=3,
+                              compress_indexed_slices=True)
+    back = CompressedAllReduce.from_config(ops.get_config())
+    assert back.get_config() == ops.get_config()
+    assert back.codec == ops.codec
+
+  def test_config_refuses_a_custom_fallback(self):
+    ops = CompressedAllReduce(ndq_tf.DitheredCodec(),
+                              fallback=tf.distribute.ReductionToOneDevice())
+    with pytest.raises(NotImplementedError, match="fallback"):
+      ops.get_config()
+
+  def test_codec_can_be_a_spec_string(self):
+    ops = CompressedAllReduce("dqsg:num_levels=2")
+    assert ops.codec == ndq_tf.DitheredCodec(num_levels=2)
+
+  @pytest.mark.parametrize("kwargs, error, match", [
+      ({"codec": 3}, TypeError, "codec"),
+      ({"codec": "nonsense"}, ValueError, "nonsense"),
+      ({"min_elements": 0}, ValueError, "min_elements"),
+      ({"seed": 2**40}, ValueError, "seed"),
+      ({"fallback": 3}, TypeError, "fallback"),
+  ])
+  def test_invalid_arguments_name_the_argument(self, kwargs, error, match):
+    kwargs.setdefault("codec", ndq_tf.DitheredCodec())
+    with pytest.raises(error, match=match):
+      CompressedAllReduce(**kwargs)
+
+  def test_nested_codec_alone_is_refused(self):
+    with pytest.raises(ValueError, match="side information"):
+      CompressedAllReduce(ndq_tf.NestedDitheredCodec())
+
+  def test_creation_inside_a_strategy_scope_raises(self):
+    strategy = tf.distribute.MirroredStrategy(_devices())
+    with strategy.scope(), pytest.raises(ValueError, match="outside"):
+      CompressedAllReduce(ndq_tf.DitheredCodec())
+
+  def test_step_is_a_plain_host_variable_and_deepcopy_shares_it(self):
+    strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(),
+                                devices=_devices())
+    ops = strategy.compressed_all_reduce
+    assert type(ops.step).__name__ == "ResourceVariable"
+    assert "CPU:0" in ops.step.device
+    assert copy.deepcopy(ops) is ops
+
+  def test_all_reduce_is_bitwise_identical_on_every_replica(self):
+    strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=M),
+                                devices=_devices(), min_elements=64)
+    ops = strategy.compressed_all_reduce
+    rng = np.random.default_rng(1)
+    base = tf.constant(rng.normal(size=(1000,)), tf.float32)
+
+    @tf.function
+    def step():
+      def fn():
+        ctx = tf.distribute.get_replica_context()
+        r = tf.cast(ctx.replica_id_in_sync_group, tf.float32)
+        return ctx.all_reduce("sum", base * (1.0 + r))
+      return strategy.run(fn)
+
+    first = _local(strategy, step())
+    _assert_bitwise_equal(first)
+    exact = base * 10.0
+    bound = sum(float(tf.reduce_max(tf.abs(base))) * (1 + r)
+                for r in range(NUM_REPLICAS)) / (2 * M)
+    assert float(tf.reduce_max(tf.abs(first[0] - exact))) <= bound * 1.0001
+    assert int(ops.step.numpy()) == 1
+    second = _local(strategy, step())
+    _assert_bitwise_equal(second)
+    assert int(ops.step.numpy()) == 2
+    # A new step draws a new dither.
+    assert not np.array_equal(first[0].numpy(), second[0].numpy())
+    bits = ops.last_compressed_bits
+    assert bits == NUM_REPLICAS * ops.codec.wire_bits(1024)
+    assert ops.last_float32_bits == NUM_REPLICAS * 32 * 1000
+
+  def test_stock_mirrored_strategy_accepts_it(self):
+    ops = CompressedAllReduce(ndq_tf.DitheredCodec(num_levels=M),
+                              min_elements=16)
+    strategy = tf.distribute.MirroredStrategy(_devices(),
+                                              cross_device_ops=ops)
+    value = _replica_values(strategy, lambda r: tf.fill([64], 1.0))
+    out = strategy.extended.batch_reduce_to("mean", [(value, value)])[0]
+    _assert_bitwise_equal(_local(strategy, out))
+    assert int(ops.step.numpy()) == 1
+    assert ndq_tf.keras.callbacks.find_compressed_all_reduce(strategy) is ops
+
+  def test_uncompressed_scope_opts_a_replica_all_reduce_out(self):
+    strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=1),
+                                devices=_devices(), min_elements=16)
+    ops = strategy.compressed_all_reduce
+    x = tf.constant(np.arange(512) / 7.0, tf.float32)
+
+    @tf.function
+    def step():
+      def fn():
+        ctx = tf.distribute.get_replica_context()
+        x_r = x * tf.cast(ctx.replica_id_in_sync_group + 1, tf.float32)
+        with uncompressed():
+          exact = ctx.all_reduce("sum", x_r)
+        approx = ctx.all_reduce("sum", x_r)
+        return exact, approx
+      return strategy.run(fn)
+
+    exact, approx = step()
+    expected = tf.add_n([x * float(r + 1) for r in range(NUM_REPLICAS)])
+    for e in _local(strategy, exact):
+      np.testing.assert_array_equal(e.numpy(), expected.numpy())
+    assert not np.array_equal(_local(strategy, approx)[0].numpy(),
+                              expected.numpy())
+    assert int(ops.step.numpy()) == 1  # only the compressed call counts
+
+  def test_one_call_mixing_lossless_and_compressed_values(self):
+    strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=M),
+                                devices=_devices())
+    ops = strategy.compressed_all_reduce
+    rng = np.random.default_rng(2)
+    kernels = [tf.constant(rng.normal(size=(64, 32)), tf.float32)
+               for _ in range(NUM_REPLICAS)]
+    counter = tf.constant(2**40 + 5, tf.int64)
+
+    def slices(r):
+      return tf.IndexedSlices(
+          values=tf.fill([2, 8], tf.cast(r + 1, tf.float32)),
+          indices=tf.stack([r, r + 1]),
+          dense_shape=tf.constant([10, 8], tf.int64))
+
+    @tf.function
+    def step():
+      values = [
+          _replica_values(strategy,
+                          lambda r: tf.cast(r + 1, tf.float32) / 3.0),
+          _replica_values(strategy,
+                          lambda r: tf.fill([5], tf.cast(r, tf.float32))),
+          _replica_values(strategy, lambda r: tf.gather(kernels, r)),
+          _replica_values(strategy, lambda r: tf.cast(r, tf.int64) * 2**33),
+          _replica_values(strategy, slices),
+      ]
+      reduced = strategy.extended.batch_reduce_to(
+          "sum", [(v, v) for v in values])
+      # What the optimizer's int64 step goes through: our broadcast hook.
+      broadcast = ops.broadcast(counter, values[2])
+      return reduced, broadcast
+
+    with strategy.scope():
+      out = step()
+    (scalar, bias, kernel, big_int, sparse), broadcast = out
+    for b in _local(strategy, broadcast):
+      assert b.dtype == tf.int64 and int(b.numpy()) == 2**40 + 5
+    exact_scalar = tf.add_n([tf.constant(r + 1.0) / 3.0
+                             for r in range(NUM_REPLICAS)])
+    for s in _local(strategy, scalar):
+      assert s.numpy() == exact_scalar.numpy()
+    for b in _local(strategy, bias):
+      np.testing.assert_array_equal(b.numpy(), np.full([5], 6.0))
+    for i in _local(strategy, big_int):
+      assert i.dtype == tf.int64 and int(i.numpy()) == 6 * 2**33
+    dense = np.zeros([10, 8], np.float32)
+    for r in range(NUM_REPLICAS):
+      dense[r] += r + 1
+      dense[r + 1] += r + 1
+    for s in _local(strategy, sparse):
+      np.testing.assert_array_equal(tf.convert_to_tensor(s).numpy(), dense)
+    results = _local(strategy, kernel)
+    _assert_bitwise_equal(results)
+    exact = tf.add_n(kernels)
+    bound = sum(float(tf.reduce_max(tf.abs(k))) for k in kernels) / (2 * M)
+    assert float(tf.reduce_max(tf.abs(results[0] - exact))) <= bound * 1.0001
+    assert ops.last_compressed_elements == 64 * 32
+    assert int(ops.step.numpy()) == 1
+
+  def test_indexed_slices_can_be_compressed(self):
+    strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=M),
+                                devices=_devices(), min_elements=16,
+                                compress_indexed_slices=True)
+    ops = strategy.compressed_all_reduce
+
+    def slices(r):
+      return tf.IndexedSlices(
+          values=tf.fill([2, 8], tf.cast(r + 1, tf.float32)),
+          indices=tf.stack([r, r + 1]),
+          dense_shape=tf.constant([10, 8], tf.int64))
+
+    @tf.function
+    def step():
+      v = _replica_values(strategy, slices)
+      return strategy.extended.batch_reduce_to("sum", [(v, v)])[0]
+
+    results = _local(strategy, step())
+    _assert_bitwise_equal(results)
+    assert ops.last_compressed_elements == 80
+    assert results[0].shape == [10, 8]
+
+  def test_nan_on_one_replica_reaches_every_replica(self):
+    strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=M),
+                                devices=_devices(), min_elements=16)
+    x = tf.ones([2048])
+
+    @tf.function
+    def step():
+      def fn():
+        ctx = tf.distribute.get_replica_context()
+        bad = tf.equal(ctx.replica_id_in_sync_group, 1)
+        g = tf.tensor_scatter_nd_update(
+            x, [[700]], tf.where(bad, math.nan, 1.0)[None])
+        return ctx.all_reduce("sum", g)
+      return strategy.run(fn)
+
+    for r in _local(strategy, step()):
+      values = r.numpy()
+      assert np.isnan(values[700])            # the poisoned bucket
+      assert np.isfinite(values[:512]).all()  # other buckets intact
+
+  def test_xla_on_all_gpu_devices_is_detected(self):
+    gpus = ["/job:localhost/replica:0/task:0/device:GPU:0",
+            "/job:localhost/replica:0/task:0/device:GPU:1"]
+    assert mirrored.bypasses_cross_device_ops(gpus, jit_compile=True)
+    assert not mirrored.bypasses_cross_device_ops(gpus, jit_compile=False)
+    assert not mirrored.bypasses_cross_device_ops(_devices(),
+                                                  jit_compile=True)
+
+  def test_run_refuses_a_jit_compiled_step_where_tf_would_bypass_us(
+      self, monkeypatch):
+    strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(),
+                                devices=_devices())
+    step = tf.function(lambda: tf.constant(1.0), jit_compile=True)
+    with pytest.raises(ValueError, match="inside XLA on these devices"):
+      strategy.run(step)
+    # As if every device were a GPU:
+    monkeypatch.setattr(mirrored, "bypasses_cross_device_ops",
+                        lambda devices, jit_compile: jit_compile)
+    with pytest.raises(ValueError, match="skips cross-device ops"):
+      strategy.run(step)
+    strategy.run(tf.function(lambda: tf.constant(1.0)))  # no XLA: fine
+
+
+class TestMirroredStrategy:
+
+  def test_is_a_tf_mirrored_strategy(self):
+    strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(),
+                                devices=_devices(), seed=4)
+    assert isinstance(strategy, tf.distribute.MirroredStrategy)
+    assert strategy.num_replicas_in_sync == NUM_REPLICAS
+    assert strategy.compressed_all_reduce.seed == 4
+
+  def test_needs_exactly_one_of_codec_and_cross_device_ops(self):
+    with pytest.raises(ValueError, match="codec"):
+      MirroredStrategy(devices=_devices())
+    ops = CompressedAllReduce(ndq_tf.DitheredCodec())
+    with pytest.raises(ValueError, match="not both"):
+      MirroredStrategy(codec=ndq_tf.DitheredCodec(), devices=_devices(),
+                       cross_device_ops=ops)
+    with pytest.raises(TypeError, match="CompressedAllReduce"):
+      MirroredStrategy(devices=_devices(),
+                       cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+  def test_step_counter_is_saved_with_checkpoint_and_weights(self, tmp_path):
+    strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(),
+                                devices=_devices())
+    ops = strategy.compressed_all_reduce
+    with strategy.scope():
+      model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    ops.step.assign(17)
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    names = [n for n, _ in tf.train.list_variables(path)]
+    assert any("compressed_all_reduce/_step" in n for n in names), names
+    model.save_weights(str(tmp_path / "m.weights.h5"))
+    ops.step.assign(0)
+    tf.train.Checkpoint(model=model).restore(path).expect_partial()
+    assert int(ops.step.numpy()) == 17
+    ops.step.assign(0)
+    model.load_weights(str(tmp_path / "m.weights.h5"))
+    assert int(ops.step.numpy()) == 17
+
+
+class TestCompressionStats:
+
+  def _fit(self, min_elements, callbacks):
+    strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=1),
+                                devices=_devices(), min_elements=min_elements)
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+      model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(32)])
+      model.compile("sgd", "mse")
+    x = np.ones((64, 32), np.float32)
+    return strategy, model.fit(x, x, batch_size=32, epochs=1, verbose=0,
+                               callbacks=callbacks)
+
+  def test_adds_bits_and_ratio_to_the_logs(self):
+    strategy, history = self._fit(64, [ndq_tf.keras.CompressionStats()])
+    ops = strategy.compressed_all_reduce
+    # 1024 kernel elements in 2 ternary buckets, 32 bias elements lossless.
+    expected = (ops.codec.wire_bits(1024) + 32 * 32) / 1056
+    assert history.history["wire_bits_per_element"] == [
+        pytest.approx(expected)]
+    assert history.history["compression_ratio"] == [
+        pytest.approx(32 / expected)]
+
+  def test_warns_when_nothing_was_compressed(self):
+    with pytest.warns(RuntimeWarning, match="min_elements"):
+      _, history = self._fit(10**6, [ndq_tf.keras.CompressionStats()])
+    assert history.history["compression_ratio"] == [1.0]
+
+  def test_needs_a_compressed_strategy(self):
+    with tf.distribute.MirroredStrategy(_devices()).scope():
+      model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+      model.compile("sgd", "mse")
+    with pytest.raises(ValueError, match="CompressedAllReduce"):
+      model.fit(np.ones((8, 2)), np.ones((8, 2)), verbose=0,
+                callbacks=[ndq_tf.keras.CompressionStats()])
+
+
+def test_keras_objects_round_trip_through_their_configs():
+  opt = ndq_tf.keras.LossScaleOptimizer(keras.optimizers.SGD(0.5),
+                                        initial_scale=64.0)
+  back = keras.saving.deserialize_keras_object(
+      keras.saving.serialize_keras_object(opt))
+  assert type(back) is ndq_tf.keras.LossScaleOptimizer
+  assert back.get_config() == opt.get_config()
+  stats = ndq_tf.keras.CompressionStats(prefix="ndq_")
+  back = ndq_tf.keras.CompressionStats.from_config(stats.get_config())
+  assert back.get_config() == {"prefix": "ndq_"}

@@ -1,0 +1,257 @@
+"""Tests of `ndq_tf.distribute.multi_worker` with real worker processes.
+
+Every multi-worker test starts two workers on 127.0.0.1 and free ports through
+`ndq_tf/launch.py` (run as a script, so the launcher itself does not import
+TF), bounded by the launcher's `--timeout` and, behind it, the subprocess
+timeout. The workers run `tests/multi_worker_scripts/mw_worker.py`, a tiny MLP
+whose only compressed tensor is its 64x32 kernel, and write their results to
+`worker<i>.npz`.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from ndq_tf.distribute import multi_worker
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "tests", "multi_worker_scripts")
+LAUNCH = os.path.join(ROOT, "ndq_tf", "launch.py")
+WORKER = os.path.join(SCRIPTS, "mw_worker.py")
+JOB_TIMEOUT = 90  # seconds, for the launcher; the subprocess gets 30 more.
+
+
+def _env():
+  env = dict(os.environ)
+  env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+  env.pop("TF_CONFIG", None)
+  return env
+
+
+def _run_job(*worker_args, num_workers=2):
+  """Runs mw_worker.py on `num_workers` workers; returns (exit code, output)."""
+  cmd = [sys.executable, LAUNCH, "--num_workers", str(num_workers),
+         "--timeout", str(JOB_TIMEOUT), "--grace", "2", "--",
+         sys.executable, WORKER, *worker_args]
+  proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True,
+                        text=True, timeout=JOB_TIMEOUT + 30)
+  return proc.returncode, proc.stdout + proc.stderr
+
+
+def _results(out_dir, num_workers=2):
+  return [dict(np.load(os.path.join(out_dir, f"worker{i}.npz")))
+          for i in range(num_workers)]
+
+
+def _weights(result):
+  return [result[f"arr_{i}"] for i in range(int(result["num_weights"]))]
+
+
+def _assert_bitwise_identical(results):
+  first = _weights(results[0])
+  for other in results[1:]:
+    for a, b in zip(first, _weights(other)):
+      np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_strategy_is_a_multi_worker_mirrored_strategy():
+  assert issubclass(multi_worker.MultiWorkerMirroredStrategy,
+                    tf.distribute.MultiWorkerMirroredStrategy)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"codec": "dqsg"}, "`codec` must be an ndq_tf codec"),
+    ({"min_elements": 0}, "`min_elements` must be a positive int"),
+    ({"seed": 2**40}, "`seed` must be an int"),
+    ({"cluster_timeout": -1}, "`cluster_timeout` must be a positive"),
+    ({"reference_workers": 1}, "only for a nested `codec`"),
+])
+def test_invalid_arguments_name_the_argument_and_value(kwargs, message):
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+  args = {"codec": ndq_tf.DitheredCodec(num_levels=3)}
+  args.update(kwargs)
+  with pytest.raises((TypeError, ValueError), match=message):
+    multi_worker.MultiWorkerMirroredStrategy(**args)
+
+
+def test_nested_codec_needs_reference_group():
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match="needs `reference_codec`"):
+    multi_worker.MultiWorkerMirroredStrategy(
+        codec=ndq_tf.NestedDitheredCodec())
+
+
+def test_several_devices_per_worker_sum_locally_and_encode_once():
+  """Two local replicas: one lossless sum, one payload, the same bits on both.
+
+  MultiWorkerMirroredStrategy uses one CPU device per worker, so this path
+  (several GPUs per worker) is exercised here directly, with one worker.
+  """
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import collective_util  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import reduce_util  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import values as value_lib  # pylint: disable=g-import-not-at-top
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+  codec = ndq_tf.DitheredCodec(num_levels=3)
+  ops = multi_worker.MultiWorkerCompressedAllReduce(
+      devices=devices, group_size=2, options=collective_util.Options(),
+      collective_keys=cross_device_utils.CollectiveKeys(group_key_start=7000),
+      codec=codec, num_workers=1, worker_id=0, min_elements=10)
+  values = []
+  for i, device in enumerate(devices):
+    with tf.device(device):
+      values.append(tf.random.stateless_normal([3000], seed=[i, 1]))
+
+  @tf.function
+  def reduce():
+    mirrored = ops._compressed_all_reduce(  # pylint: disable=protected-access
+        reduce_util.ReduceOp.MEAN, [value_lib.PerReplica(values)],
+        collective_util.Options())[0]
+    return list(mirrored.values)
+
+  first, second = [v.numpy() for v in reduce()]
+  np.testing.assert_array_equal(first.view(np.uint32), second.view(np.uint32))
+  local_sum = values[0].numpy() + values[1].numpy()
+  # DQSG bound per bucket of the *local sum*: |error| <= kappa * step / 2,
+  # step = 1 / num_levels, then halved by MEAN over the 2 replicas.
+  padded = np.pad(local_sum, (0, 3072 - 3000)).reshape(-1, 512)
+  bound = np.repeat(np.abs(padded).max(axis=1), 512)[:3000] / 3 / 2 / 2
+  assert np.all(np.abs(first - local_sum / 2) <= bound * (1 + 1e-5) + 1e-7)
+  assert int(ops.step.numpy()) == 1
+  # The fused buffer pads the tensor to whole buckets (3072 elements).
+  assert int(ops.sent_bits.numpy()) == (
+      codec.wire_bits(3072) + 32 * multi_worker.HEADER_WORDS)
+
+
+def test_fit_two_workers_bitwise_identical_and_wire_bits(tmp_path):
+  out = str(tmp_path / "out")
+  code, output = _run_job("--mode", "fit", "--steps", "20", "--out_dir", out)
+  assert code == 0, output
+  results = _results(out)
+  _assert_bitwise_identical(results)
+  for r in results:
+    # One compressed exchange per step, from step 0.
+    assert int(r["step_before"]) == 0
+    assert int(r["step_after"]) == 20 == int(r["iterations"])
+    # Exactly the codec's bits for the one compressed kernel, plus the header.
+    assert int(r["wire_bits"]) == int(r["expected_wire_bits"])
+    assert int(r["sent_bits"]) == (int(r["expected_wire_bits"]) +
+                                   32 * multi_worker.HEADER_WORDS)
+    assert int(r["float32_bits"]) == 32 * 64 * 32
+    assert int(r["sent_bits"]) * 8 < int(r["float32_bits"])
+
+
+@pytest.mark.parametrize("eager, steps", [(False, 10), (True, 4)],
+                         ids=["tf_function", "eager"])
+def test_custom_training_loop_two_workers(tmp_path, eager, steps):
+  out = str(tmp_path / "out")
+  code, output = _run_job("--mode", "ctl", "--steps", str(steps),
+                          "--out_dir", out, *(["--eager"] if eager else []))
+  assert code == 0, output
+  results = _results(out)
+  _assert_bitwise_identical(results)
+  for r in results:
+    # One compressed exchange per step: the user's all_reduce inside
+    # `uncompressed()` was not compressed, and it is exact.
+    assert int(r["step_after"]) == steps == int(r["iterations"])
+    assert float(r["uncompressed_error"]) == 0.0
+    assert int(r["wire_bits"]) == int(r["expected_wire_bits"])
+
+
+def test_nested_group_two_workers_bitwise_identical(tmp_path):
+  out = str(tmp_path / "out")
+  code, output = _run_job("--mode", "ctl", "--steps", "10", "--nested",
+                          "--out_dir", out)
+  assert code == 0, output
+  results = _results(out)
+  _assert_bitwise_identical(results)
+  for r in results:
+    assert int(r["step_after"]) == 10
+    # Worker 0 sends DQSG ternary, worker 1 nested codes: the same rate.
+    assert int(r["wire_bits"]) == int(r["expected_wire_bits"])
+    assert int(r["sent_bits"]) == (int(r["expected_wire_bits"]) +
+                                   32 * multi_worker.HEADER_WORDS)
+
+
+def test_workers_with_different_steps_fail_naming_both_steps(tmp_path):
+  out = str(tmp_path / "out")
+  code, output = _run_job("--mode", "ctl", "--steps", "3", "--step_offset",
+                          "5", "--out_dir", out)
+  assert code != 0
+  assert "workers disagree on the compression step" in output, output
+  assert "[sent step] [0] [but worker] [1] [sent step] [5]" in output, output
+
+
+def test_killed_worker_resumes_with_backup_and_restore(tmp_path):
+  out, backup = str(tmp_path / "out"), str(tmp_path / "backup")
+  common = ("--mode", "fit", "--steps", "10", "--epochs", "2",
+            "--save_freq", "5", "--backup_dir", backup, "--out_dir", out)
+  code, output = _run_job(*common, "--die_at_step", "13")
+  assert code == 3, output  # The dying worker's code; the other was stopped.
+  assert "worker 1 dies at step 13" in output
+  assert not os.path.exists(os.path.join(out, "worker0.npz"))
+
+  code, output = _run_job(*common)
+  assert code == 0, output
+  results = _results(out)
+  _assert_bitwise_identical(results)
+  for r in results:
+    # Restored at the last backup (step 10): the dither sequence continues
+    # there instead of restarting at 0.
+    assert int(r["step_before"]) == 10
+    assert int(r["step_after"]) == int(r["iterations"]) == 30
+
+
+def test_bad_tf_config_gives_clear_error():
+  proc = subprocess.run(
+      [sys.executable, os.path.join(SCRIPTS, "bad_tf_config.py")],
+      env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  outcomes = [json.loads(line) for line in proc.stdout.splitlines()
+              if line.startswith("{")]
+  assert len(outcomes) == 6, proc.stdout
+  for outcome in outcomes:
+    assert outcome["error"] == "ValueError", outcome
+    assert "TF_CONFIG" in outcome["message"], outcome
+
+
+def test_missing_worker_fails_clearly_instead_of_hanging():
+  from ndq_tf import launch  # pylint: disable=g-import-not-at-top
+  ports = launch.find_free_ports(2)
+  env = _env()
+  # Worker 1 is never started.
+  env["TF_CONFIG"] = launch.make_tf_config(
+      [f"127.0.0.1:{p}" for p in ports], 0)
+  code = ("import ndq_tf; from ndq_tf.distribute import multi_worker; "
+          "multi_worker.MultiWorkerMirroredStrategy("
+          "codec=ndq_tf.DitheredCodec(num_levels=3), cluster_timeout=3)")
+  proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT,
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode != 0
+  assert "the cluster did not form within cluster_timeout=3 s" in proc.stderr
+  assert f"/job:worker/task:1 (127.0.0.1:{ports[1]})" in proc.stderr
+
+
+def test_example_fits_on_two_workers_with_identical_weights(tmp_path):
+  example = os.path.join(ROOT, "examples", "multi_worker.py")
+  cmd = [sys.executable, LAUNCH, "--num_workers", "2", "--timeout",
+         str(JOB_TIMEOUT), "--grace", "2", "--", sys.executable, example,
+         "--epochs", "1", "--backup_dir", str(tmp_path / "backup"),
+         "--verbosity", "-1"]
+  proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True,
+                        text=True, timeout=JOB_TIMEOUT + 30)
+  output = proc.stdout + proc.stderr
+  assert proc.returncode == 0, output
+  reports = [json.loads(line.split("] ", 1)[1]) for line in
+             proc.stdout.splitlines() if '] {"worker"' in line]
+  assert sorted(r["worker"] for r in reports) == [0, 1], output
+  assert reports[0]["weights_checksum"] == reports[1]["weights_checksum"]
+  assert reports[0]["test_accuracy"] > 0.5
+  assert reports[0]["compression_ratio"] > 5
