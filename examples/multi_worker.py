@@ -116,7 +116,9 @@ def main(argv):
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
 
-  callbacks = []
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+  # Adds wire_bits_per_element and compression_ratio to the logs.
+  callbacks = [ndq_tf.CompressionStats()]
   if _BACKUP_DIR.value:
     # Keras 3's BackupAndRestore is not multi-worker aware: one directory per
     # worker avoids two writers on one file.

@@ -30,6 +30,8 @@ References:
   Reduction in Distributed Training. arXiv:1904.01197, 2019.
 """
 
+import math
+
 from keras.src.saving import keras_saveable
 import numpy as np
 import tensorflow as tf
@@ -217,6 +219,22 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
   def float32_bits(self):
     """`int64` variable: what the last exchange's tensors weigh as float32."""
     return self._float32_bits
+
+  @property
+  def min_elements(self):
+    return self._min_elements
+
+  @property
+  def wire_bits_per_element(self):
+    """Bits this worker sent per compressed element in the last exchange."""
+    elements = int(self._float32_bits.numpy()) / 32
+    return int(self._sent_bits.numpy()) / elements if elements else math.nan
+
+  @property
+  def compression_ratio(self):
+    """float32 bits / bits sent, in the last exchange."""
+    sent = int(self._sent_bits.numpy())
+    return int(self._float32_bits.numpy()) / sent if sent else math.nan
 
   def batch_reduce_implementation(self, reduce_op, value_destination_pairs,
                                   options):

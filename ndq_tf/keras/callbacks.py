@@ -12,17 +12,29 @@ __all__ = [
 ]
 
 
+# What CompressionStats reads: CompressedAllReduce (MirroredStrategy) and the
+# multi-worker strategy's cross-device ops both provide it.
+_TELEMETRY = ("step", "min_elements", "wire_bits_per_element",
+              "compression_ratio")
+
+
+def _has_telemetry(ops):
+  return ops is not None and all(hasattr(ops, a) for a in _TELEMETRY)
+
+
 def find_compressed_all_reduce(strategy):
-  """The `CompressedAllReduce` a strategy uses, or None.
+  """The compressing cross-device ops a strategy uses, or None.
 
   Args:
     strategy: a `tf.distribute.Strategy` (e.g. `model.distribute_strategy`).
 
   Returns:
-    A `CompressedAllReduce`, or None if the strategy does not use one.
+    The `CompressedAllReduce` of an `ndq_tf.MirroredStrategy` (or of a
+    `tf.distribute.MirroredStrategy(cross_device_ops=...)`), the cross-device
+    ops of an `ndq_tf.MultiWorkerMirroredStrategy`, or None.
   """
   ops = getattr(strategy, "compressed_all_reduce", None)
-  if isinstance(ops, CompressedAllReduce):
+  if _has_telemetry(ops):
     return ops
   # A plain tf.distribute.MirroredStrategy(cross_device_ops=...).
   extended = getattr(strategy, "extended", None)
@@ -60,7 +72,8 @@ class CompressionStats(keras.callbacks.Callback):
 
   Args:
     cross_device_ops: the `CompressedAllReduce` to read; default: the one of
-      the model's distribution strategy.
+      the model's distribution strategy (`ndq_tf.MirroredStrategy` or
+      `ndq_tf.MultiWorkerMirroredStrategy`).
     prefix: prepended to the two log keys.
 
   Raises:
@@ -70,10 +83,10 @@ class CompressionStats(keras.callbacks.Callback):
 
   def __init__(self, cross_device_ops=None, prefix=""):
     super().__init__()
-    if cross_device_ops is not None and not isinstance(
-        cross_device_ops, CompressedAllReduce):
+    if cross_device_ops is not None and not _has_telemetry(cross_device_ops):
       raise TypeError(
-          f"`cross_device_ops` must be an ndq_tf.CompressedAllReduce or None. "
+          f"`cross_device_ops` must be an ndq_tf.CompressedAllReduce (or the "
+          f"cross-device ops of ndq_tf.MultiWorkerMirroredStrategy) or None. "
           f"Received: cross_device_ops={cross_device_ops!r}.")
     if not isinstance(prefix, str):
       raise ValueError(
