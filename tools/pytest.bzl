@@ -2,7 +2,7 @@
 
 load("@rules_python//python:defs.bzl", "py_test")
 
-def pytest_test(name, srcs, deps = [], args = [], **kwargs):
+def pytest_test(name, srcs, deps = [], args = [], data = [], **kwargs):
     """Runs `srcs` under pytest, with the repository's pytest.ini and conftest.py.
 
     Args:
@@ -10,6 +10,7 @@ def pytest_test(name, srcs, deps = [], args = [], **kwargs):
       srcs: the test file(s) to run.
       deps: `py_library` targets the tests import.
       args: extra pytest arguments.
+      data: extra runtime files (scripts the test starts, ...).
       **kwargs: passed on to `py_test` (size, timeout, tags, ...).
     """
     py_test(
@@ -17,7 +18,7 @@ def pytest_test(name, srcs, deps = [], args = [], **kwargs):
         srcs = srcs + ["//tools:pytest_main.py"],
         main = "//tools:pytest_main.py",
         args = ["$(rootpath %s)" % src for src in srcs] + args,
-        data = ["//:pytest.ini"],
+        data = data + ["//:pytest.ini"],
         deps = deps + ["//tests:conftest"],
         **kwargs
     )
