@@ -74,10 +74,6 @@ class _StochasticRoundingCodec(dithered._BucketedCodec):  # pylint: disable=prot
     return 2 * self._levels + 1
 
   @property
-  def bucket_size(self):
-    return self._bucket_size
-
-  @property
   def _offset(self):
     return self._levels
 

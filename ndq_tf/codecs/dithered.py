@@ -34,6 +34,10 @@ class _BucketedCodec(base.Codec):
 
   _norm = "max"
 
+  @property
+  def bucket_size(self):
+    return self._bucket_size
+
   def _num_scales(self, num_elements):
     return -(-num_elements // self.bucket_size)
 
@@ -132,10 +136,6 @@ class DitheredCodec(_BucketedCodec):
     return self._num_levels
 
   @property
-  def bucket_size(self):
-    return self._bucket_size
-
-  @property
   def alphabet_size(self):
     return 2 * self._num_levels + 1
 
@@ -202,10 +202,6 @@ class HalfDitheredCodec(_BucketedCodec):
   @property
   def num_levels(self):
     return self._num_levels
-
-  @property
-  def bucket_size(self):
-    return self._bucket_size
 
   @property
   def dither_order(self):

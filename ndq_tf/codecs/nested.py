@@ -110,10 +110,6 @@ class NestedDitheredCodec(dithered._BucketedCodec):  # pylint: disable=protected
     return self._alpha
 
   @property
-  def bucket_size(self):
-    return self._bucket_size
-
-  @property
   def fine_step(self):
     """`Δ1` in max-normalized units."""
     return 1.0 / self._num_levels
