@@ -22,6 +22,11 @@ __all__ = [
 ]
 
 
+# The codecs' Python control flow depends only on static shapes and
+# configuration: AutoGraph has nothing to convert in them when a user's
+# tf.function calls them, and converting costs tracing time.
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
 # (codec type, config, method name) -> its XLA-compiled tf.function.
 _COMPILED = {}
 
@@ -225,6 +230,7 @@ class Codec:
     """
     return 32 * (self.num_words(num_elements) + self.num_scales(num_elements))
 
+  @_do_not_convert
   def encode(self, x, seed=None, noise_scale=None):
     """Encodes a floating point tensor.
 
@@ -285,6 +291,7 @@ class Codec:
           f"{noise_scale.shape}.")
     return tf.cast(noise_scale, tf.float32)
 
+  @_do_not_convert
   def decode(self, payload, seed=None, side_information=None):
     """Decodes a payload back to a tensor of the encoded shape and dtype.
 
@@ -342,11 +349,13 @@ class Codec:
                       tf.clip_by_value(flat, -65504.0, 65504.0), flat)
     return tf.cast(tf.reshape(flat, payload.shape), payload.dtype)
 
+  @_do_not_convert
   def to_wire(self, payload):
     """Flattens a payload into one `int32` tensor: words, then scales' bits."""
     return tf.concat(
         [payload.words, tf.bitcast(payload.scales, tf.int32)], axis=0)
 
+  @_do_not_convert
   def from_wire(self, wire, shape, dtype):
     """Inverse of `to_wire`, given the static shape and dtype of the tensor.
 
