@@ -5,11 +5,22 @@ replicas, once per codec, and prints test accuracy and the gradient wire bits
 per element for each. With no flags this is `make demo`: 4 replicas, float32,
 DQSG and NDQSG.
 
+NDQSG (the paper's Algorithm 2) needs a reference group: the first
+`--reference_replicas` replicas (default half of them) send DQSG with
+`num_levels=3`, the others nested codes (`log2 coarse_ratio` bits per
+element), decoded with the mean of the gradients decoded before them as side
+information. Its bits per element average both groups; the estimated
+overload probability (the fraction of nested elements decoded off by a
+coarse step, silently) is printed too.
+
 Examples:
 
   python examples/fit_mirrored.py
   python examples/fit_mirrored.py --codec=dqsg:num_levels=1 --replicas=2
   python examples/fit_mirrored.py --codec=qsgd --codec=terngrad --epochs=5
+  python examples/fit_mirrored.py --codec=ndqsg:coarse_ratio=3 \
+      --reference_replicas=1
+  python examples/fit_mirrored.py --codec=ndqsg --adaptive  # automatic mode
 
 Without GPUs, the CPU is split into `--replicas` logical devices (data
 parallelism is simulated on one machine; the bytes counted are those that
@@ -49,6 +60,11 @@ _REFERENCE_REPLICAS = flags.DEFINE_float(
     "reference_replicas", 0.5,
     "Nested codecs only: replicas (a count, or a fraction if < 1) that send "
     "the reference codec (DQSG num_levels=3) decoded first.")
+_ADAPTIVE = flags.DEFINE_bool(
+    "adaptive", False,
+    "Nested codecs only: the automatic mode (CompressedAllReduce(adaptive="
+    "True)): the nested replicas size their fine step per bucket from the "
+    "previous step's decoded statistics.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and the dither.")
 
 
@@ -81,14 +97,17 @@ def make_strategy(spec, devices):
     kwargs["min_elements"] = _MIN_ELEMENTS.value
   if codec.needs_side_information:
     reference = _REFERENCE_REPLICAS.value
-    kwargs["reference_codec"] = ndq_tf.DitheredCodec(num_levels=3)
+    kwargs["reference_codec"] = ndq_tf.DitheredCodec(
+        num_levels=3, bucket_size=codec.bucket_size)
     kwargs["reference_replicas"] = (int(reference) if reference >= 1
                                     else reference)
+    if _ADAPTIVE.value:
+      kwargs["adaptive"] = True
   try:
     return ndq_tf.distribute.MirroredStrategy(codec=codec, devices=devices,
                                               **kwargs)
   except (TypeError, ValueError) as e:
-    print(f"  {spec}: not available in this version ({e}); skipped.")
+    print(f"  {spec}: invalid here ({e}); skipped.")
     return None
 
 
@@ -115,8 +134,20 @@ def fit_one(spec, devices, data):
                       callbacks=[ndq_tf.keras.CompressionStats()])
   seconds = time.time() - start
   accuracy = model.evaluate(x_test, y_test, verbose=0)[1]
+  ops = strategy.compressed_all_reduce
+  label = spec
+  if ops.needs_reference:
+    p1 = ops.reference_count(len(devices))
+    mode = ", adaptive" if ops.adaptive else ""
+    label = f"{spec} (P1 {p1}/{len(devices)} dqsg:num_levels=3{mode})"
+    print(f"  {label}: estimated overload probability "
+          f"{ops.last_overload_probability:.2e}, fallback fraction "
+          f"{ops.last_fallback_fraction:.2f}, compressed bits/elt per "
+          f"sender " + " ".join(
+              f"{b / ops.last_compressed_elements:.2f}"
+              for b in ops.last_sender_bits))
   return {
-      "codec": spec,
+      "codec": label,
       "accuracy": accuracy,
       "bits": history.history["wire_bits_per_element"][-1],
       "ratio": history.history["compression_ratio"][-1],
@@ -135,10 +166,10 @@ def main(argv):
   rows = [r for r in (fit_one(spec, devices, data) for spec in _CODECS.value)
           if r is not None]
   print()
-  print(f"{'codec':40s} {'test acc':>8s} {'bits/elt':>9s} {'ratio':>7s} "
+  print(f"{'codec':62s} {'test acc':>8s} {'bits/elt':>9s} {'ratio':>7s} "
         f"{'fit s':>6s}")
   for r in rows:
-    print(f"{r['codec']:40s} {r['accuracy']:8.4f} {r['bits']:9.3f} "
+    print(f"{r['codec']:62s} {r['accuracy']:8.4f} {r['bits']:9.3f} "
           f"{r['ratio']:7.2f} {r['seconds']:6.1f}")
   print("\nbits/elt: gradient bits each replica sends per gradient element "
         "per step (codes, scales and the small tensors sent losslessly).")

@@ -82,7 +82,7 @@ def test_invalid_arguments_name_the_argument_and_value(kwargs, message):
 
 def test_nested_codec_needs_reference_group():
   import ndq_tf  # pylint: disable=g-import-not-at-top
-  with pytest.raises(ValueError, match="needs `reference_codec`"):
+  with pytest.raises(ValueError, match="pass `reference_codec`"):
     multi_worker.MultiWorkerMirroredStrategy(
         codec=ndq_tf.NestedDitheredCodec())
 

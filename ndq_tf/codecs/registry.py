@@ -71,12 +71,16 @@ def get(identifier):
       raise ValueError(
           f"Malformed codec argument {item!r} in identifier={identifier!r}: "
           f"expected key=value.")
+    value = value.strip()
     try:
-      kwargs[key.strip()] = ast.literal_eval(value.strip())
-    except (ValueError, SyntaxError) as e:
-      raise ValueError(
-          f"Malformed value {value!r} for {key!r} in identifier="
-          f"{identifier!r}.") from e
+      kwargs[key.strip()] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      # A bare word is a string option, e.g. `alpha=mmse`.
+      if not value.isidentifier():
+        raise ValueError(
+            f"Malformed value {value!r} for {key!r} in identifier="
+            f"{identifier!r}.") from None
+      kwargs[key.strip()] = value
   try:
     return NAMES[name](**kwargs)
   except TypeError as e:

@@ -8,10 +8,12 @@ a codec; everything else travels losslessly through a fallback
 """
 
 import contextlib
+import math
 import threading
 import weakref
 
 import keras
+import numpy as np
 import tensorflow as tf
 # `tf.distribute.CrossDeviceOps` returns per-device results as `Mirrored`
 # values, which only the internal modules can build (TF's own subclasses use
@@ -19,6 +21,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import distribute_utils
 from tensorflow.python.distribute import values as value_lib
+from tensorflow.python.ops import resource_variable_ops
 
 from ndq_tf import codecs as ndq_codecs
 from ndq_tf.distribute import fusion
@@ -33,6 +36,14 @@ __all__ = [
 DEFAULT_MIN_ELEMENTS = 256
 
 _BASE_SEED_TAG = 0x4E445154  # "NDQT": second word of the base seed.
+
+#: Default size of the reference group P1 for a nested codec: half the
+#: replicas (`reference_replicas=0.5`).
+DEFAULT_REFERENCE_REPLICAS = 0.5
+
+#: Floor of the noise estimate of the nested senders, as a fraction of the
+#: raw mean square residual (see `CompressedAllReduce`, "Automatic mode").
+_NOISE_FLOOR = 0.01
 
 _UNCOMPRESSED_LOCK = threading.Lock()
 _UNCOMPRESSED_DEPTH = weakref.WeakKeyDictionary()
@@ -91,6 +102,122 @@ def _in_uncompressed_scope():
     return _UNCOMPRESSED_DEPTH.get(_current_graph(), 0) > 0
 
 
+def _check_codec_like(codec, name):
+  if isinstance(codec, (str, dict)):
+    codec = ndq_codecs.get(codec)
+  for attr in ("encode", "decode", "to_wire", "from_wire", "wire_bits"):
+    if not callable(getattr(codec, attr, None)):
+      raise TypeError(
+          f"`{name}` must be an ndq_tf codec (with encode, decode, to_wire, "
+          f"from_wire and wire_bits). Received: {name}={codec!r} of type "
+          f"{type(codec).__name__}.")
+  return codec
+
+
+def check_reference(codec, reference_codec, reference_replicas, adaptive,
+                    group="reference_replicas"):
+  """Validates the nested-group arguments (the paper's Algorithm 2).
+
+  Shared by `CompressedAllReduce` (`reference_replicas`) and
+  `ndq_tf.MultiWorkerMirroredStrategy` (`reference_workers`, passed as
+  `group` so that errors name the argument the user wrote).
+
+  Returns:
+    `(reference_codec, reference_replicas, adaptive)`, resolved.
+  """
+  nested = bool(getattr(codec, "needs_side_information", False))
+  if not nested:
+    if (reference_codec is not None or reference_replicas is not None
+        or adaptive):
+      raise ValueError(
+          f"`reference_codec`, `{group}` and `adaptive` are only "
+          f"for a nested `codec` (one that needs side information). "
+          f"Received: codec={codec!r}, reference_codec={reference_codec!r}, "
+          f"{group}={reference_replicas!r}, "
+          f"adaptive={adaptive!r}.")
+    return None, None, False
+  if reference_codec is None:
+    raise ValueError(
+        f"A nested `codec` ({codec!r}) needs side information: pass "
+        f"`reference_codec` (e.g. ndq_tf.DitheredCodec(num_levels=3)), the "
+        f"codec of the reference replicas decoded first, and optionally "
+        f"`{group}` (a count or a fraction of the senders; "
+        f"default {DEFAULT_REFERENCE_REPLICAS}). Received: "
+        f"reference_codec=None.")
+  reference_codec = _check_codec_like(reference_codec, "reference_codec")
+  if getattr(reference_codec, "needs_side_information", False):
+    raise ValueError(
+        f"`reference_codec` must not need side information (the reference "
+        f"senders are decoded first). Received: "
+        f"reference_codec={reference_codec!r}.")
+  if reference_codec.bucket_size != codec.bucket_size:
+    raise ValueError(
+        f"`reference_codec` must have the bucket size of `codec` (one fusion "
+        f"plan serves both). Received: reference_codec.bucket_size="
+        f"{reference_codec.bucket_size} and codec.bucket_size="
+        f"{codec.bucket_size}.")
+  if reference_replicas is None:
+    reference_replicas = DEFAULT_REFERENCE_REPLICAS
+  if isinstance(reference_replicas, bool) or not (
+      (isinstance(reference_replicas, int) and reference_replicas >= 1) or
+      (isinstance(reference_replicas, float) and 0 < reference_replicas < 1)):
+    raise ValueError(
+        f"`{group}` must be an int >= 1 or a float in (0, 1). "
+        f"Received: {group}={reference_replicas!r}.")
+  mmse = getattr(codec, "alpha", None) == "mmse"
+  if adaptive is None:
+    adaptive = mmse
+  if not isinstance(adaptive, bool):
+    raise ValueError(
+        f"`adaptive` must be a bool or None. Received: adaptive={adaptive!r}.")
+  if mmse and not adaptive:
+    raise ValueError(
+        f"`alpha='mmse'` is only defined in the adaptive mode: pass "
+        f"adaptive=True (or leave it None). Received: codec={codec!r}, "
+        f"adaptive=False.")
+  if adaptive:
+    if not getattr(codec, "accepts_noise_scale", False):
+      raise ValueError(
+          f"`adaptive=True` needs a codec whose encode takes `noise_scale` "
+          f"(ndq_tf.NestedDitheredCodec). Received: codec={codec!r}.")
+    if codec.coarse_ratio % 2 == 0:
+      raise ValueError(
+          f"`adaptive=True` needs an odd `coarse_ratio` (the codec's DQSG "
+          f"fallback is symmetric). Received: codec={codec!r}.")
+  return reference_codec, reference_replicas, adaptive
+
+
+def reference_count(reference_replicas, num_replicas,
+                    group="reference_replicas"):
+  """Size of the reference group P1 among `num_replicas` replicas.
+
+  A count is used as is; a fraction `f` gives `max(1, round(f·P))`, at most
+  `P - 1` (as `ndq_tf.MultiWorkerMirroredStrategy` counts workers).
+
+  Args:
+    reference_replicas: an int >= 1 or a float in (0, 1), or None (0).
+    num_replicas: `P`, the number of replicas (senders).
+
+  Returns:
+    An int in `[1, P - 1]`; 0 when `reference_replicas` is None or
+    `P < 2` (as `ndq_tf.MultiWorkerMirroredStrategy`).
+
+  Raises:
+    ValueError: if an int count leaves no nested replica (`count >= P`).
+  """
+  if reference_replicas is None or num_replicas < 2:
+    return 0  # One replica: nothing is all-reduced, nothing compressed.
+  if isinstance(reference_replicas, float):
+    return min(num_replicas - 1,
+               max(1, int(round(reference_replicas * num_replicas))))
+  if reference_replicas >= num_replicas:
+    raise ValueError(
+        f"`{group}` must leave at least one nested sender among the "
+        f"{num_replicas} senders (1 <= count < {num_replicas}). "
+        f"Received: {group}={reference_replicas!r}.")
+  return reference_replicas
+
+
 def _base_seed(seed):
   if isinstance(seed, bool) or not isinstance(seed, int) or not (
       -2**31 <= seed < 2**31):
@@ -137,8 +264,62 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
   `last_wire_bits` (what every sender put on the wire: compressed payloads,
   plus lossless tensors at their width), `last_float32_bits` (what float32
   would have cost), `last_compressed_bits` (the codec payloads alone,
-  measured from the wires' sizes), `wire_bits_per_element`,
-  `compression_ratio`; see also `ndq_tf.CompressionStats`.
+  measured from the wires' sizes), `last_sender_bits` (the payload of each
+  sender), `wire_bits_per_element`, `compression_ratio`; with a nested
+  codec also `last_overload_probability` and `last_fallback_fraction`; see
+  also `stats()` and `ndq_tf.CompressionStats`.
+
+  Nested codecs (NDQSG, the paper's Algorithm 2): with
+  `codec=ndq_tf.NestedDitheredCodec(...)`, pass `reference_codec` (a codec
+  without side information and with the same `bucket_size`, e.g.
+  `ndq_tf.DitheredCodec(num_levels=3)`) and `reference_replicas`. Replicas
+  `0 .. |P1| - 1` (P1) send `reference_codec`, the others (P2) nested codes
+  (`log2 coarse_ratio` bits per element); every destination decodes P1
+  first, then each P2 sender in replica order with side information = the
+  mean of all buffers decoded before it (`fusion.decode_senders`), so every
+  replica still gets bitwise the same result. `reference_replicas` is a
+  count (`1 <= count < P`, checked once the number of replicas `P` is known)
+  or a fraction `f` in `(0, 1)`: `max(1, round(f·P))`, at most `P - 1`;
+  default 0.5. The arguments follow `ndq_tf.MultiWorkerMirroredStrategy`'s
+  `reference_codec` / `reference_workers`.
+
+  Nested codecs in fixed mode (`adaptive=False`, the default unless
+  `alpha="mmse"`) send `Δ1 = κ/num_levels`, `Δ2 = coarse_ratio·Δ1`: an
+  element overloads (decodes off by a multiple of `α·κ·Δ2`, silently) when
+  `|α(g_p - y_p) + e| >= Δ2/2`. Every call also measures, on the first
+  destination and from data every replica has, the per-bucket noise scale
+  `σ̂_b` of `z = g_p - y_p` (below), and reports the estimated overload
+  probability of that call (`last_overload_probability`: the Gaussian
+  overload probability `fusion.overload_probability(α, σ̂_b, Δ1, k)`
+  averaged over all nested buckets, with each bucket's own `Δ1` and the
+  `σ̂_b` of the same call).
+
+  Automatic mode (`adaptive=True`, implied by the codec's `alpha="mmse"`):
+  the P2 senders encode with `noise_scale = σ̂` of the *previous* call on the
+  same fused buffer (`noise_scale(num_buckets)`, a host variable, NaN at
+  first), so the codec picks per bucket the fine step whose Gaussian
+  overload probability is its `overload_target`, or falls back to DQSG with
+  `coarse_ratio` symbols where that would not beat it; every bucket falls
+  back on the first call (`last_fallback_fraction` is 1.0). Nothing extra
+  is sent: every replica decodes the same buffers and would compute the
+  same `σ̂`.
+
+  The noise estimate: for every bucket `b`, over the P2 senders `p` and the
+  bucket's real elements (padding excluded), `r = ĝ_p - y_p` (decoded minus
+  side information). Without overload `r = α²z + α·δ·ε` for a nested bucket
+  (`δ = |scale|/num_levels`) and `r = z + δ·ε` for a DQSG-fallback one
+  (`δ = |scale|/⌊k/2⌋`), `ε ~ U[-1/2, 1/2]` independent of `z`. The
+  sender's own quantization noise is subtracted:
+  `σ̂² = mean_p [(mean(r²) - α²δ²/12)/α⁴]` (fallback: `mean(r²) - δ²/12`).
+  Not subtracting it would be "safe" but wrong for the fallback buckets:
+  their ternary noise `κ²/12` alone exceeds the break-even of nested coding
+  (`σ_z²·r²/12 < κ²/12`, `r ≈ 3.9` at `overload_target=1e-4`), so the
+  adaptive mode would never leave DQSG. The estimate is floored at 1% of
+  the raw `mean(r²)/α⁴` (`σ̂` at 10% of the raw RMS) so that sampling noise
+  cannot make it 0 or negative. Overloads show up as large residuals and
+  raise `σ̂` for the next call. `z` of a sender decoded later is slightly
+  smaller (its side information averages more senders); one `σ̂` per bucket
+  serves them all.
 
   Mixed precision and clipping: a bucket holding a NaN or an Inf is sent
   with a NaN scale, so a non-finite gradient on any replica makes the
@@ -180,8 +361,7 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
   Args:
     codec: an `ndq_tf` codec (`DitheredCodec`, `QSGDCodec`, ...), or a spec
       string / config dict for `ndq_tf.codecs.get` (`"dqsg:num_levels=3"`).
-      Codecs that need side information (nested) need a reference group of
-      senders, which this class alone does not provide.
+      A nested codec (`NestedDitheredCodec`) needs `reference_codec`.
     min_elements: tensors with fewer elements travel losslessly.
     seed: base seed of the dither, an integer in `[-2**31, 2**31)`.
     compress_indexed_slices: densify `IndexedSlices` (embedding gradients)
@@ -196,12 +376,24 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
       interleaved runs: 21 against 31 ms per step). On GPUs, pass e.g.
       `tf.distribute.NcclAllReduce()`.
     name: name of the module (variables are created under it).
+    reference_codec: nested `codec` only (required then): the codec of the
+      reference replicas P1, decoded first; a codec (or spec string / config
+      dict) without side information, of `codec`'s `bucket_size`.
+    reference_replicas: nested `codec` only: size of P1, an int count
+      `>= 1` or a fraction in `(0, 1)`; default 0.5.
+    adaptive: nested `codec` only: encode P2 with the previous call's noise
+      estimate (see "Automatic mode"). None: True iff `codec.alpha` is
+      `"mmse"` (which needs it).
 
   Raises:
-    TypeError: if `codec` is not a codec or `fallback` not a CrossDeviceOps.
-    ValueError: for a bad `min_elements` or `seed`, a codec that needs side
-      information, or when created inside a `tf.distribute.Strategy` scope
-      (its variables must be plain host variables, not mirrored ones).
+    TypeError: if `codec` or `reference_codec` is not a codec or `fallback`
+      not a CrossDeviceOps.
+    ValueError: for a bad `min_elements` or `seed`, a nested codec without
+      `reference_codec`, a `reference_codec` that needs side information or
+      has another bucket size, a bad `reference_replicas` or `adaptive`,
+      reference arguments with a codec that is not nested, or when created
+      inside a `tf.distribute.Strategy` scope (its variables must be plain
+      host variables, not mirrored ones).
   """
 
   def __init__(self,
@@ -210,22 +402,15 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
                seed=0,
                compress_indexed_slices=False,
                fallback=None,
-               name="compressed_all_reduce"):
+               name="compressed_all_reduce",
+               reference_codec=None,
+               reference_replicas=None,
+               adaptive=None):
     tf.distribute.CrossDeviceOps.__init__(self)
     tf.Module.__init__(self, name=name)
-    if isinstance(codec, (str, dict)):
-      codec = ndq_codecs.get(codec)
-    for attr in ("encode", "decode", "to_wire", "from_wire", "wire_bits"):
-      if not callable(getattr(codec, attr, None)):
-        raise TypeError(
-            f"`codec` must be an ndq_tf codec (with encode, decode, to_wire, "
-            f"from_wire and wire_bits). Received: codec={codec!r} of type "
-            f"{type(codec).__name__}.")
-    if getattr(codec, "needs_side_information", False):
-      raise ValueError(
-          f"`codec` must not need side information: a nested codec needs a "
-          f"reference group of senders decoded first. Received: "
-          f"codec={codec!r}.")
+    codec = _check_codec_like(codec, "codec")
+    reference_codec, reference_replicas, adaptive = check_reference(
+        codec, reference_codec, reference_replicas, adaptive)
     if (isinstance(min_elements, bool) or not isinstance(min_elements, int)
         or min_elements < 1):
       raise ValueError(
@@ -253,6 +438,9 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
           f"variable. Received: created inside the scope of "
           f"{tf.distribute.get_strategy()!r}.")
     self._codec = codec
+    self._reference_codec = reference_codec
+    self._reference_replicas = reference_replicas
+    self._adaptive = adaptive
     self._min_elements = min_elements
     self._seed = _base_seed(seed)
     self._compress_indexed_slices = compress_indexed_slices
@@ -265,12 +453,53 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
           for key in ("wire_bits", "float32_bits", "compressed_bits",
                       "elements", "compressed_elements", "senders")
       }
+      # Payload bits of every sender (in replica order) in the last call.
+      self._sender_bits = tf.Variable(
+          tf.zeros([0], tf.int64), trainable=False, shape=tf.TensorShape(
+              [None]), name="sender_bits")
+      if self.needs_reference:
+        self._nested_telemetry = {
+            key: tf.Variable(0.0, dtype=tf.float32, trainable=False,
+                             name=key)
+            for key in ("overload_probability", "fallback_fraction")
+        }
+    # Per-bucket noise scales of the nested senders, one variable per fused
+    # buffer size (`buckets_<n>`), created on first use (`noise_scale`).
+    self._noise_scales = {}
 
   # -- Configuration ----------------------------------------------------------
 
   @property
   def codec(self):
     return self._codec
+
+  @property
+  def reference_codec(self):
+    """The codec of the reference replicas P1 (None without a nested codec)."""
+    return self._reference_codec
+
+  @property
+  def reference_replicas(self):
+    """Size of P1: an int count or a fraction (None without a nested codec)."""
+    return self._reference_replicas
+
+  @property
+  def adaptive(self):
+    """Whether the nested senders encode with the estimated `noise_scale`."""
+    return self._adaptive
+
+  @property
+  def needs_reference(self):
+    """Whether `codec` is nested (senders split into P1 and P2)."""
+    return self._reference_codec is not None
+
+  def reference_count(self, num_replicas):
+    """Size of P1 for `num_replicas` replicas (0 without a nested codec).
+
+    Raises:
+      ValueError: if `reference_replicas` leaves no nested replica.
+    """
+    return reference_count(self._reference_replicas, num_replicas)
 
   @property
   def min_elements(self):
@@ -300,23 +529,37 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
           f"get_config cannot serialize a custom `fallback`. Received: "
           f"fallback={self._fallback!r}; pass it again to the constructor "
           f"instead of using from_config.")
-    return {
+    config = {
         "codec": keras.saving.serialize_keras_object(self._codec),
         "min_elements": self._min_elements,
         "seed": self._seed,
         "compress_indexed_slices": self._compress_indexed_slices,
         "name": self.name,
     }
+    if self.needs_reference:
+      config["reference_codec"] = keras.saving.serialize_keras_object(
+          self._reference_codec)
+      config["reference_replicas"] = self._reference_replicas
+      config["adaptive"] = self._adaptive
+    return config
 
   @classmethod
   def from_config(cls, config):
     config = dict(config)
     config["codec"] = keras.saving.deserialize_keras_object(config["codec"])
+    if isinstance(config.get("reference_codec"), dict):
+      config["reference_codec"] = keras.saving.deserialize_keras_object(
+          config["reference_codec"])
     return cls(**config)
 
   def __repr__(self):
+    nested = ""
+    if self.needs_reference:
+      nested = (f", reference_codec={self._reference_codec!r}, "
+                f"reference_replicas={self._reference_replicas!r}, "
+                f"adaptive={self._adaptive}")
     return (f"CompressedAllReduce(codec={self._codec!r}, min_elements="
-            f"{self._min_elements}, seed={self._seed})")
+            f"{self._min_elements}, seed={self._seed}{nested})")
 
   def __deepcopy__(self, memo):
     # `tf.distribute` deep-copies strategies in places; the copy must share
@@ -375,9 +618,77 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
     wire = self.last_wire_bits
     return self.last_float32_bits / wire if wire else float("nan")
 
+  @property
+  def last_sender_bits(self):
+    """Payload bits of every sender, in replica order, in the last call.
+
+    With a nested codec the reference replicas (first) and the nested ones
+    differ. Compressed payloads only (lossless small tensors excluded).
+    """
+    return [int(b) for b in self._sender_bits.numpy()]
+
+  @property
+  def last_overload_probability(self):
+    """Nested codecs: estimated overload probability per element, last call.
+
+    The mean over the nested buckets (all nested senders) of the Gaussian
+    overload probability `fusion.overload_probability(α, σ̂_b, Δ1, k)`, with
+    the fine step `Δ1` each bucket was sent with and `σ̂_b` the noise scale
+    estimated from that same call's decoded residuals (see the class
+    docstring). NaN without a nested codec; 0 if every bucket fell back.
+    """
+    if not self.needs_reference:
+      return float("nan")
+    return float(self._nested_telemetry["overload_probability"].numpy())
+
+  @property
+  def last_fallback_fraction(self):
+    """Nested codecs: fraction of the nested senders' buckets sent as DQSG.
+
+    Only the adaptive mode falls back (1.0 on its first call); NaN without
+    a nested codec.
+    """
+    if not self.needs_reference:
+      return float("nan")
+    return float(self._nested_telemetry["fallback_fraction"].numpy())
+
+  def noise_scale(self, num_buckets, create=False):
+    """The `float32` `[num_buckets]` variable of per-bucket noise scales.
+
+    Nested codecs: after every compressed call whose fused buffer has
+    `num_buckets` buckets, it holds `σ̂_b`, the estimated spread of
+    `g_p - side_information_p` over the nested senders (see the class
+    docstring); the adaptive mode encodes the next call with it. NaN until
+    the first call. Created on first use on the host CPU, outside any
+    distribution strategy, and tracked (checkpoint key
+    `_noise_scales/buckets_<num_buckets>`).
+
+    Args:
+      num_buckets: buckets of the fused buffer (`plan.total_size //
+        bucket_size`).
+      create: create the variable (NaN) if it does not exist yet.
+
+    Returns:
+      The variable, or None if it does not exist and not `create`.
+    """
+    key = f"buckets_{int(num_buckets)}"
+    variable = self._noise_scales.get(key)
+    if variable is None and create:
+      with tf.init_scope(), tf.device(self._step.device), \
+          tf.variable_creator_scope(_plain_variable_creator):
+        variable = tf.Variable(
+            tf.fill([int(num_buckets)], math.nan), trainable=False,
+            name=f"noise_scale_{key}")
+      self._noise_scales[key] = variable
+    return variable
+
+  def noise_scales(self):
+    """All noise-scale variables, as a dict `{num_buckets: variable}`."""
+    return {int(k.split("_")[1]): v for k, v in self._noise_scales.items()}
+
   def stats(self):
     """All telemetry of the last compressed call as a dict of Python numbers."""
-    return {
+    stats = {
         "step": int(self._step.numpy()),
         "wire_bits": self.last_wire_bits,
         "float32_bits": self.last_float32_bits,
@@ -387,7 +698,12 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
         "senders": self.last_num_senders,
         "wire_bits_per_element": self.wire_bits_per_element,
         "compression_ratio": self.compression_ratio,
+        "sender_bits": self.last_sender_bits,
     }
+    if self.needs_reference:
+      stats["overload_probability"] = self.last_overload_probability
+      stats["fallback_fraction"] = self.last_fallback_fraction
+    return stats
 
   # -- CrossDeviceOps hooks ---------------------------------------------------
 
@@ -470,8 +786,14 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
     return tensors
 
   def _sender_codecs(self, num_senders):
-    """The codec of every sender, in decode order (one codec for all here)."""
-    return [self._codec] * num_senders
+    """The codec of every sender, in decode order.
+
+    With a nested codec: `reference_codec` for replicas `0 .. |P1| - 1`,
+    then `codec` for the others (decoded in that order).
+    """
+    count = self.reference_count(num_senders)
+    return ([self._reference_codec] * count
+            + [self._codec] * (num_senders - count))
 
   def _compressed_batch_reduce(self, reduce_op, compressed, pairs, lossless):
     devices = cross_device_ops_lib.get_devices_from(compressed[0][2])
@@ -494,23 +816,51 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
       seeds = [fusion.derive_seed(base_seed, step, s)
                for s in range(num_senders)]
 
+    nested = [s for s, c in enumerate(codecs)
+              if getattr(c, "needs_side_information", False)]
+    noise_variable = noise_scale = None
+    if nested:
+      num_buckets = plan.total_size // plan.bucket_size
+      noise_variable = self.noise_scale(num_buckets, create=True)
+      if self._adaptive:
+        with tf.device(noise_variable.device):
+          # Last call's estimate; every replica knows it, nothing is sent
+          # but the (host) copy to the senders.
+          noise_scale = noise_variable.read_value()
+
     # Senders are indexed by replica (the order of `devices`), and decoded
     # in that order by every destination (fusion.decode_senders).
     wires = []
     for s, device in enumerate(devices):
       with tf.device(device):
-        wires.append(fusion.encode_fused(codecs[s], per_sender[s], seeds[s],
-                                         plan))
+        wires.append(fusion.encode_fused(
+            codecs[s], per_sender[s], seeds[s], plan,
+            noise_scale=noise_scale if s in nested else None))
 
     mean = reduce_op == tf.distribute.ReduceOp.MEAN
     per_destination = []
-    for device in devices:
+    for d, device in enumerate(devices):
       with tf.device(device):
         # The only cross-device copies of the compressed path: int32 wires
         # (and the [2] seeds).
         received = [tf.identity(w) for w in wires]
-        per_destination.append(
-            fusion.decode_sum(codecs, received, seeds, plan, mean=mean))
+        if nested and d == 0:
+          decoded, side = fusion.decode_senders(
+              codecs, received, seeds, plan, return_side_information=True)
+          # Every destination would compute the same bits; the first one's
+          # statistics update the host variables.
+          estimate = _nested_statistics(codecs, decoded, side, received,
+                                        plan, nested)
+        else:
+          decoded = fusion.decode_senders(codecs, received, seeds, plan)
+        per_destination.append(fusion.sum_decoded(decoded, plan, mean=mean))
+
+    if nested:
+      sigma, overload, fallback = estimate
+      with tf.device(noise_variable.device):
+        noise_variable.assign(sigma)
+        self._nested_telemetry["overload_probability"].assign(overload)
+        self._nested_telemetry["fallback_fraction"].assign(fallback)
 
     self._record(plan, wires, pairs, lossless, num_senders)
     with tf.device(self._step.device):
@@ -545,8 +895,10 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
       lossless_elements += n
       lossless_bits += n * v.dtype.size * 8
     with tf.device(self._step.device):
-      compressed_bits = tf.add_n(
+      sender_bits = tf.stack(
           [tf.size(w, out_type=tf.int64) for w in wires]) * 32
+      self._sender_bits.assign(sender_bits)
+      compressed_bits = tf.reduce_sum(sender_bits)
       wire_bits = compressed_bits + lossless_bits * num_senders
       elements = tf.constant(plan.num_elements + lossless_elements, tf.int64)
       for n, width, ni, iwidth in dynamic_bits:
@@ -560,3 +912,87 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
       t["elements"].assign(elements)
       t["compressed_elements"].assign(plan.num_elements)
       t["senders"].assign(num_senders)
+
+
+def _plain_variable_creator(next_creator, **kwargs):
+  """Creates a plain host variable even inside a strategy's scope.
+
+  `batch_reduce` runs inside the strategy's scope (merge_call), where
+  `tf.Variable` would make a mirrored variable; the noise scales, like the
+  step counter, are one host variable.
+  """
+  del next_creator
+  return resource_variable_ops.ResourceVariable(**kwargs)
+
+
+def _nested_statistics(codecs, decoded, side, wires, plan, nested):
+  """Noise scale, overload estimate and fallback fraction of one call.
+
+  Args:
+    codecs: every sender's codec.
+    decoded: every sender's decoded fused buffer (`fusion.decode_senders`).
+    side: the side information each sender was decoded with.
+    wires: every sender's wire.
+    plan: the `FusionPlan`.
+    nested: indices of the senders with a nested codec.
+
+  Returns:
+    `(sigma, overload, fallback)`: `float32` `[num_buckets]` noise scales
+    (see `CompressedAllReduce`, "Automatic mode"), and two `float32`
+    scalars: the mean Gaussian overload probability of the nested buckets
+    and the fraction of nested senders' buckets sent as DQSG.
+  """
+  d = plan.bucket_size
+  num_buckets = plan.total_size // d
+  # Real elements (1) and padding (0) of every bucket (built by ops, not
+  # stored as a constant of the buffer's size), and their static counts.
+  parts = []
+  count = np.zeros(num_buckets, np.float32)
+  for offset, size, padded in zip(plan.offsets, plan.sizes,
+                                  plan.padded_sizes):
+    parts.append(tf.ones([size], tf.float32))
+    if padded > size:
+      parts.append(tf.zeros([padded - size], tf.float32))
+    first = offset // d
+    count[first:first + padded // d] = d
+    count[first + padded // d - 1] -= padded - size
+  mask = tf.reshape(tf.concat(parts, axis=0), [num_buckets, d])
+  count = tf.constant(count)
+  estimates, raws, scales = [], [], []
+  codec = codecs[nested[0]]
+  alpha = float(codec.adaptive_alpha)
+  k = codec.coarse_ratio
+  levels = max(k // 2, 1)
+  for p in nested:
+    r = tf.reshape(decoded[p] - side[p], [num_buckets, d])
+    mean_square = tf.reduce_sum(mask * tf.square(r), axis=1) / count
+    s = fusion.wire_scales(codecs[p], wires[p], plan)
+    fallback = s < 0
+    magnitude = tf.abs(s)
+    # ĝ - y = α²(g - y) + α·δ·ε (nested, δ = |s|/num_levels) or
+    # (g - y) + δ·ε (DQSG fallback, δ = |s|/levels), ε ~ U[-1/2, 1/2]
+    # independent of g - y: remove the sender's own quantization noise.
+    fine = magnitude / codec.num_levels
+    step = magnitude / levels
+    quantization = tf.where(fallback, tf.square(step) / 12.0,
+                            alpha * alpha * tf.square(fine) / 12.0)
+    gain = tf.where(fallback, tf.ones_like(s),
+                    tf.fill(tf.shape(s), alpha**4))
+    estimates.append((mean_square - quantization) / gain)
+    raws.append(mean_square / gain)
+    scales.append(s)
+  estimate = tf.add_n(estimates) / len(nested)
+  raw = tf.add_n(raws) / len(nested)
+  sigma = tf.sqrt(tf.maximum(estimate, _NOISE_FLOOR * raw))
+  scales = tf.stack(scales)
+  is_nested = scales > 0
+  fine = scales / codec.num_levels
+  probability = fusion.overload_probability(
+      alpha, tf.broadcast_to(sigma[None, :], tf.shape(scales)),
+      tf.where(is_nested, fine, tf.ones_like(fine)), k)
+  probability = tf.where(is_nested & tf.math.is_finite(probability),
+                         probability, tf.zeros_like(probability))
+  num_nested = tf.reduce_sum(tf.cast(is_nested, tf.float64))
+  overload = tf.math.divide_no_nan(tf.reduce_sum(probability), num_nested)
+  fallback = tf.reduce_mean(tf.cast(scales < 0, tf.float32))
+  return sigma, tf.cast(overload, tf.float32), fallback

@@ -44,7 +44,13 @@ order: every receiver obtains bitwise the same sum, so mirrored variables stay
 identical. Senders whose codec needs side information (nested codecs) are
 decoded with side information = the mean of everything decoded before them,
 so put the reference senders first (the paper's Algorithm 2); this ordering
-rule lives only in `decode_senders`.
+rule lives only in `decode_senders`, which can also return the side
+information of every sender (`return_side_information=True`) for the
+adaptive nested mode's noise estimate; `encode_fused(..., noise_scale=σ)`
+passes the per-bucket noise scales to an adaptive nested codec, and
+`wire_scales` reads the per-bucket scales back from a wire (negative: a
+bucket the adaptive codec sent as DQSG). `overload_probability` is
+`ndq_tf.theory.overload_probability` in TensorFlow.
 """
 
 import tensorflow as tf
@@ -57,6 +63,9 @@ __all__ = [
     "decode_sum",
     "derive_seed",
     "encode_fused",
+    "overload_probability",
+    "sum_decoded",
+    "wire_scales",
 ]
 
 
@@ -266,7 +275,7 @@ def derive_seed(base_seed, step, sender):
   return ndq_ops.fold_seed(ndq_ops.fold_seed(base_seed, step), sender)
 
 
-def encode_fused(codec, tensors, seed, plan=None):
+def encode_fused(codec, tensors, seed, plan=None, noise_scale=None):
   """Encodes several tensors into one sender's `int32` wire.
 
   Flattens, casts to `float32`, pads (see `FusionPlan`), concatenates,
@@ -283,6 +292,10 @@ def encode_fused(codec, tensors, seed, plan=None):
     tensors: list of floating point tensors with static shapes.
     seed: shape-`[2]` integer tensor, this sender's seed at this step.
     plan: the `FusionPlan` of `tensors`; built from them when None.
+    noise_scale: adaptive nested codecs only (`codec.accepts_noise_scale`):
+      `float32` `[plan.total_size // plan.bucket_size]`, one `σ_z` per
+      bucket of the fused buffer (NaN: unknown, the bucket falls back to
+      DQSG); see `ndq_tf.NestedDitheredCodec`. None: the fixed mode.
 
   Returns:
     A 1-D `int32` tensor of `plan.wire_words(codec)` elements.
@@ -290,11 +303,20 @@ def encode_fused(codec, tensors, seed, plan=None):
   if plan is None:
     plan = FusionPlan.from_tensors(tensors, codec.bucket_size)
   _check_plan(codec, plan)
+  if noise_scale is not None and plan.bucket_size is None:
+    raise ValueError(
+        f"`noise_scale` needs a bucketed codec (one value per bucket). "
+        f"Received: codec={codec!r} without buckets.")
   fused = plan.flatten(tensors)
   wires = []
   for index, (start, length) in enumerate(plan.segments):
+    kwargs = {}
+    if noise_scale is not None:
+      first = start // plan.bucket_size
+      kwargs["noise_scale"] = noise_scale[
+          first:first + codec.num_scales(length)]
     payload = codec.encode(fused[start:start + length],
-                           ndq_ops.fold_seed(seed, index))
+                           ndq_ops.fold_seed(seed, index), **kwargs)
     wires.append(codec.to_wire(payload))
   if not wires:
     return tf.zeros([0], tf.int32)
@@ -327,7 +349,8 @@ def _sum(tensors):
   return tf.reduce_sum(tf.stack(tensors, axis=0), axis=0)
 
 
-def decode_senders(codecs, wires, seeds, plan):
+def decode_senders(codecs, wires, seeds, plan,
+                   return_side_information=False):
   """Decodes every sender's wire, in the given order, into fused buffers.
 
   The one place that fixes the decode order. Sender `i` is decoded with
@@ -340,10 +363,14 @@ def decode_senders(codecs, wires, seeds, plan):
     wires: list of 1-D `int32` wires, one per sender, in the fixed order.
     seeds: list of the senders' seeds (same order).
     plan: the `FusionPlan` the senders encoded with.
+    return_side_information: also return the side information every sender
+      was decoded with (None for senders that need none), e.g. to estimate
+      the spread of `decoded - side_information` for the adaptive mode.
 
   Returns:
     A list of 1-D `float32` tensors of `plan.total_size` elements, one per
-    sender (padding included).
+    sender (padding included); with `return_side_information`, the pair
+    `(decoded, side_information)` of two such lists.
 
   Raises:
     ValueError: if the lengths differ or a sender needing side information
@@ -357,7 +384,7 @@ def decode_senders(codecs, wires, seeds, plan):
         f"`codecs`, `wires` and `seeds` must have one entry per sender. "
         f"Received: {len(codecs)} codecs, {len(wires)} wires and "
         f"{len(seeds)} seeds.")
-  decoded = []
+  decoded, side = [], []
   for sender, (codec, wire, seed) in enumerate(zip(codecs, wires, seeds)):
     _check_plan(codec, plan)
     side_information = None
@@ -369,7 +396,10 @@ def decode_senders(codecs, wires, seeds, plan):
             f"senders so that at least one reference sender (a codec without "
             f"side information) comes first.")
       side_information = _sum(decoded) / len(decoded)
+    side.append(side_information)
     decoded.append(_decode_fused(codec, wire, seed, plan, side_information))
+  if return_side_information:
+    return decoded, side
   return decoded
 
 
@@ -395,13 +425,107 @@ def decode_sum(codec, wires, seeds, plan, mean=False):
   Returns:
     A list of tensors with the plan's shapes and dtypes.
   """
-  decoded = decode_senders(codec, wires, seeds, plan)
+  return sum_decoded(decode_senders(codec, wires, seeds, plan), plan,
+                     mean=mean)
+
+
+def sum_decoded(decoded, plan, mean=False):
+  """The second half of `decode_sum`: deterministic sum, then `plan.split`.
+
+  Args:
+    decoded: the list `decode_senders` returned.
+    plan: the `FusionPlan` the senders encoded with.
+    mean: divide the sum by the number of senders.
+
+  Returns:
+    A list of tensors with the plan's shapes and dtypes.
+  """
   if not decoded:
     raise ValueError("`wires` must hold at least one sender. Received: [].")
   total = _sum(decoded)
   if mean:
     total = total / float(len(decoded))
   return plan.split(total)
+
+
+def wire_scales(codec, wire, plan):
+  """The per-bucket `float32` scales inside one sender's wire.
+
+  For an adaptive nested codec, a negative scale marks a bucket sent as
+  DQSG (see `ndq_tf.NestedDitheredCodec`).
+
+  Args:
+    codec: the sender's bucketed codec.
+    wire: its 1-D `int32` wire (from `encode_fused`).
+    plan: the `FusionPlan` it encoded with.
+
+  Returns:
+    `float32` `[plan.total_size // plan.bucket_size]`.
+  """
+  _check_plan(codec, plan)
+  if plan.bucket_size is None:
+    raise ValueError(
+        f"`wire_scales` needs a bucketed codec. Received: codec={codec!r}.")
+  parts = []
+  wire_offset = 0
+  for _, length in plan.segments:
+    words = codec.num_words(length)
+    scales = codec.num_scales(length)
+    parts.append(tf.bitcast(
+        wire[wire_offset + words:wire_offset + words + scales], tf.float32))
+    wire_offset += words + scales
+  if not parts:
+    return tf.zeros([0], tf.float32)
+  return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+
+
+def overload_probability(alpha, sigma, fine_step, coarse_ratio):
+  """`ndq_tf.theory.overload_probability` in TensorFlow, element-wise.
+
+  `P(|α·z + e| >= Δ2/2)` for `z ~ N(0, σ²)`, `e ~ U[-Δ1/2, Δ1/2]`,
+  `Δ2 = k·Δ1`, in closed form:
+  `P = (2σ'/Δ1)·[F((h + Δ1/2)/σ') - F((h - Δ1/2)/σ')]`, `F(t) = t·Q(t) -
+  φ(t)`, `h = k·Δ1/2`, `σ' = α·σ`. Computed in `float64`. Where `σ' = 0`:
+  0 (1 if `k <= 1`); NaN stays NaN.
+
+  Args:
+    alpha: Python float or tensor, the shrinkage `α`.
+    sigma: tensor, `σ` (any units).
+    fine_step: tensor broadcastable with `sigma`, `Δ1` (same units).
+    coarse_ratio: Python int `k`.
+
+  Returns:
+    A `float64` tensor of the broadcast shape, in `[0, 1]`.
+  """
+  def as_float64(value):
+    # A Python float straight to float64 (tf.cast would round it through a
+    # float32 constant first).
+    if tf.is_tensor(value):
+      return tf.cast(value, tf.float64)
+    return tf.convert_to_tensor(value, tf.float64)
+
+  sigma = as_float64(sigma)
+  fine = as_float64(fine_step)
+  alpha = as_float64(alpha)
+  spread = alpha * sigma
+  positive = spread > 0
+  safe = tf.where(positive, spread, tf.ones_like(spread))
+  half = coarse_ratio * fine / 2.0
+
+  def antiderivative(t):
+    q = 0.5 * tf.math.erfc(t / tf.sqrt(tf.constant(2.0, tf.float64)))
+    phi = tf.exp(-0.5 * t * t) / tf.sqrt(tf.constant(2.0 * 3.141592653589793,
+                                                     tf.float64))
+    return t * q - phi
+
+  upper = (half + fine / 2.0) / safe
+  lower = (half - fine / 2.0) / safe
+  p = 2.0 * safe / fine * (antiderivative(upper) - antiderivative(lower))
+  p = tf.clip_by_value(p, 0.0, 1.0)
+  degenerate = tf.constant(1.0 if coarse_ratio <= 1 else 0.0, tf.float64)
+  p = tf.where(positive, p, degenerate * tf.ones_like(p))
+  return tf.where(tf.math.is_nan(spread) | tf.math.is_nan(fine),
+                  tf.constant(float("nan"), tf.float64) * tf.ones_like(p), p)
 
 
 def _check_plan(codec, plan):

@@ -97,11 +97,25 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
     cross_device_ops: a ready `CompressedAllReduce` (then `codec` and
       `**kwargs` must be omitted).
     **kwargs: passed to `CompressedAllReduce` (`min_elements`, `seed`,
-      `compress_indexed_slices`, `fallback`).
+      `compress_indexed_slices`, `fallback`, and for a nested `codec`
+      `reference_codec`, `reference_replicas`, `adaptive`).
+
+  Nested codecs (the paper's Algorithm 2):
+
+  >>> strategy = ndq_tf.MirroredStrategy(
+  ...     codec=ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3),
+  ...     reference_codec=ndq_tf.DitheredCodec(num_levels=3),
+  ...     reference_replicas=0.5)
+
+  The reference group's size is checked against the replicas here. The
+  per-bucket noise scales of the nested senders
+  (`compressed_all_reduce.noise_scale(n)`) are saved with the step counter
+  (checkpoint and `.weights.h5` files).
 
   Raises:
     ValueError: if neither or both of `codec` and `cross_device_ops` are
-      given, or a `CompressedAllReduce` argument is invalid.
+      given, a `CompressedAllReduce` argument is invalid, or
+      `reference_replicas` leaves no nested replica.
     TypeError: if `cross_device_ops` is not a `CompressedAllReduce`.
   """
 
@@ -127,6 +141,9 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
             f"tf.distribute.MirroredStrategy for other ones). Received: "
             f"{type(cross_device_ops).__name__}.")
     super().__init__(devices=devices, cross_device_ops=cross_device_ops)
+    if cross_device_ops.needs_reference:
+      # Raises a clear error now rather than at the first all-reduce.
+      cross_device_ops.reference_count(len(self.extended.worker_devices))
     self._maybe_initialize_trackable()
     self._track_trackable(cross_device_ops, name="compressed_all_reduce")
     self._ndq_all_reduce = cross_device_ops
@@ -176,6 +193,8 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
 
   def save_own_variables(self, store):
     store["step"] = np.asarray(self._ndq_all_reduce.step.numpy())
+    for n, variable in sorted(self._ndq_all_reduce.noise_scales().items()):
+      store[f"noise_scale_{n}"] = np.asarray(variable.numpy())
 
   def load_own_variables(self, store):
     try:
@@ -183,6 +202,17 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
     except (KeyError, ValueError):
       return  # Saved without a compressed strategy: keep the counter.
     self._ndq_all_reduce.step.assign(int(np.asarray(value)))
+    if not self._ndq_all_reduce.needs_reference:
+      return
+    try:
+      keys = list(store.keys())
+    except AttributeError:  # pragma: no cover
+      keys = []
+    for key in keys:
+      if key.startswith("noise_scale_"):
+        value = np.asarray(store[key])
+        self._ndq_all_reduce.noise_scale(value.shape[0],
+                                         create=True).assign(value)
 
   def __reduce__(self):
     # KerasSaveable pickles models through the Keras format; a strategy is

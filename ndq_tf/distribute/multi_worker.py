@@ -74,54 +74,30 @@ def _check_codec(codec, name="codec"):
 
 
 def _check_reference(codec, reference_codec, reference_workers):
-  """Validates the nested-group arguments (the paper's Algorithm 2)."""
-  if not codec.needs_side_information:
-    if reference_codec is not None or reference_workers is not None:
-      raise ValueError(
-          "`reference_codec` and `reference_workers` are only for a nested "
-          f"`codec` (one that needs side information). Received: codec="
-          f"{codec!r}, reference_codec={reference_codec!r}, "
-          f"reference_workers={reference_workers!r}")
-    return
-  if reference_codec is None or reference_workers is None:
+  """Validates the nested-group arguments; returns `reference_workers`.
+
+  The rules of `CompressedAllReduce` (one implementation), with
+  `reference_workers` defaulting to half the workers. The adaptive nested
+  mode (`alpha="mmse"`) is not available across workers yet.
+  """
+  if getattr(codec, "alpha", None) == "mmse":
     raise ValueError(
-        f"A nested `codec` ({codec!r}) needs `reference_codec` (e.g. "
-        "ndq_tf.DitheredCodec(num_levels=3)) and `reference_workers` (a "
-        "count or a fraction of the workers) for the workers decoded first. "
-        f"Received: reference_codec={reference_codec!r}, "
-        f"reference_workers={reference_workers!r}")
-  _check_codec(reference_codec, "reference_codec")
-  if reference_codec.needs_side_information:
-    raise ValueError(
-        "`reference_codec` must not need side information (the reference "
-        f"workers are decoded first). Received: {reference_codec!r}")
-  if reference_codec.bucket_size != codec.bucket_size:
-    raise ValueError(
-        "`reference_codec` must have the bucket size of `codec` (one fusion "
-        f"plan serves both). Received: {reference_codec.bucket_size} and "
-        f"{codec.bucket_size}")
-  if isinstance(reference_workers, bool) or not (
-      (isinstance(reference_workers, int) and reference_workers >= 1) or
-      (isinstance(reference_workers, float) and 0 < reference_workers < 1)):
-    raise ValueError(
-        "`reference_workers` must be an int >= 1 or a float in (0, 1). "
-        f"Received: reference_workers={reference_workers!r}")
+        f"MultiWorkerMirroredStrategy does not support the adaptive nested "
+        f"mode (alpha='mmse') yet: use a fixed alpha. Received: "
+        f"codec={codec!r}.")
+  _check_codec(codec, "codec")
+  if reference_codec is not None:
+    _check_codec(reference_codec, "reference_codec")
+  _, reference_workers, _ = cross_device_ops_ndq.check_reference(
+      codec, reference_codec, reference_workers, adaptive=False,
+      group="reference_workers")
+  return reference_workers
 
 
 def _reference_count(reference_workers, num_workers):
   """Number of reference workers among `num_workers` (0 without nesting)."""
-  if reference_workers is None or num_workers < 2:
-    return 0
-  if isinstance(reference_workers, float):
-    count = max(1, int(round(reference_workers * num_workers)))
-  else:
-    count = reference_workers
-  if count >= num_workers:
-    raise ValueError(
-        f"`reference_workers` must leave at least one nested worker among "
-        f"the {num_workers} workers. Received: "
-        f"reference_workers={reference_workers!r}")
-  return count
+  return cross_device_ops_ndq.reference_count(
+      reference_workers, num_workers, group="reference_workers")
 
 
 def _is_compressible(value, min_elements):
@@ -555,7 +531,9 @@ class MultiWorkerMirroredStrategy(
       rate wastes nothing (e.g. `DitheredCodec(num_levels=1)`, ternary, with
       `NestedDitheredCodec(coarse_ratio=3)`: both 1.66 bits per element).
     reference_workers: size of P1: an int >= 1, or a fraction of the workers
-      in (0, 1). Workers `0 .. |P1| - 1` are the reference group.
+      in (0, 1) (default 0.5 with a nested codec, as `reference_replicas` of
+      `CompressedAllReduce`). Workers `0 .. |P1| - 1` are the reference
+      group.
     cluster_timeout: seconds to wait for every worker to join at start-up
       (`None`: forever, as TF does). TF waits inside C++ holding the GIL,
       where no exception can reach, so past the deadline a watcher process
@@ -585,7 +563,8 @@ class MultiWorkerMirroredStrategy(
                min_elements=_DEFAULT_MIN_ELEMENTS, seed=0, reference_codec=None,
                reference_workers=None, cluster_timeout=None):
     _check_codec(codec)
-    _check_reference(codec, reference_codec, reference_workers)
+    reference_workers = _check_reference(codec, reference_codec,
+                                         reference_workers)
     if cluster_timeout is not None and not (
         isinstance(cluster_timeout, (int, float)) and cluster_timeout > 0):
       raise ValueError(

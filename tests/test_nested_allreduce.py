@@ -1,0 +1,424 @@
+"""NDQSG across replicas: CompressedAllReduce with a reference group (Algorithm 2).
+
+Real TensorFlow on 4 logical CPU devices (tests/conftest.py), fixed seeds.
+Replicas 0 .. |P1| - 1 send DQSG (`reference_codec`), the others nested codes
+decoded with the mean of everything decoded before them as side information.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ndq_tf
+from ndq_tf import theory
+from ndq_tf.distribute import cross_device_ops as cdo
+from ndq_tf.distribute import fusion
+from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
+from ndq_tf.distribute.mirrored import MirroredStrategy
+
+NUM_REPLICAS = 4
+D = 512  # bucket size of both codecs
+
+
+def _devices():
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+  assert len(devices) >= NUM_REPLICAS, devices
+  return devices[:NUM_REPLICAS]
+
+
+def _nested(**kwargs):
+  kwargs.setdefault("num_levels", 3)
+  kwargs.setdefault("coarse_ratio", 3)
+  return ndq_tf.NestedDitheredCodec(**kwargs)
+
+
+def _reference():
+  return ndq_tf.DitheredCodec(num_levels=3)
+
+
+def _bits(x):
+  return np.asarray(x).view(np.uint32)
+
+
+def _assert_bitwise_equal(values):
+  first = _bits(values[0].numpy())
+  for v in values[1:]:
+    np.testing.assert_array_equal(first, _bits(v.numpy()))
+
+
+def _correlated(noise, seed=0, shapes=((128, 256), (300,))):
+  """`g_p = g + noise·n_p` for every replica: list (replicas) of lists."""
+  rng = np.random.default_rng(seed)
+  common = [rng.normal(size=s).astype(np.float32) for s in shapes]
+  return [[(c + noise * rng.normal(size=c.shape)).astype(np.float32)
+           for c in common] for _ in range(NUM_REPLICAS)]
+
+
+def _reduce(strategy, per_replica):
+  """Eager `batch_reduce_to` (MEAN) of the replicas' tensors."""
+  values = []
+  for k in range(len(per_replica[0])):
+    stacked = tf.constant(np.stack([r[k] for r in per_replica]))
+    values.append(strategy.experimental_distribute_values_from_function(
+        lambda ctx, s=stacked: s[ctx.replica_id_in_sync_group]))
+  out = strategy.extended.batch_reduce_to("mean", [(v, v) for v in values])
+  return [strategy.experimental_local_results(o) for o in out]
+
+
+def _replay(ops, per_replica, step, noise_scale=None):
+  """The senders' wires and decodes of one call, rebuilt from the seeds."""
+  codecs = ops._sender_codecs(NUM_REPLICAS)  # pylint: disable=protected-access
+  tensors = [[tf.constant(t) for t in r] for r in per_replica]
+  plan = fusion.FusionPlan.from_tensors(tensors[0], D)
+  base = tf.constant([ops.seed, cdo._BASE_SEED_TAG], tf.int32)  # pylint: disable=protected-access
+  seeds = [fusion.derive_seed(base, step, s) for s in range(NUM_REPLICAS)]
+  wires = [fusion.encode_fused(
+      c, t, s, plan,
+      noise_scale=noise_scale if c.needs_side_information else None)
+           for c, t, s in zip(codecs, tensors, seeds)]
+  decoded, side = fusion.decode_senders(codecs, wires, seeds, plan,
+                                        return_side_information=True)
+  fused = [plan.flatten(t).numpy() for t in tensors]
+  return codecs, plan, wires, [x.numpy() for x in decoded], side, fused
+
+
+def _real_mask(plan):
+  mask = np.zeros(plan.total_size, bool)
+  for offset, size in zip(plan.offsets, plan.sizes):
+    mask[offset:offset + size] = True
+  return mask
+
+
+# -- Arguments -----------------------------------------------------------------
+
+
+class TestArguments:
+
+  def test_config_round_trips_the_reference_group(self):
+    ops = CompressedAllReduce(_nested(), reference_codec=_reference(),
+                              reference_replicas=0.25, seed=3)
+    config = ops.get_config()
+    back = CompressedAllReduce.from_config(config)
+    assert back.get_config() == config
+    assert back.reference_codec == _reference()
+    assert back.reference_replicas == 0.25
+    assert back.adaptive is False
+    mmse = CompressedAllReduce(_nested(alpha="mmse"),
+                               reference_codec="dqsg:num_levels=3",
+                               reference_replicas=1)
+    assert mmse.adaptive is True  # alpha="mmse" implies the automatic mode
+    assert CompressedAllReduce.from_config(
+        mmse.get_config()).get_config() == mmse.get_config()
+
+  def test_default_reference_group_is_half_the_replicas(self):
+    ops = CompressedAllReduce(_nested(), reference_codec=_reference())
+    assert ops.reference_replicas == 0.5
+    assert ops.reference_count(4) == 2
+    codecs = ops._sender_codecs(4)  # pylint: disable=protected-access
+    assert codecs == [_reference()] * 2 + [_nested()] * 2
+
+  @pytest.mark.parametrize("fraction, replicas, count", [
+      (0.5, 4, 2), (0.25, 4, 1), (0.01, 4, 1), (0.9, 4, 3), (0.9, 2, 1),
+      (0.5, 3, 2), (1, 4, 1), (3, 4, 3)])
+  def test_reference_count(self, fraction, replicas, count):
+    assert cdo.reference_count(fraction, replicas) == count
+
+  @pytest.mark.parametrize("kwargs, error, match", [
+      ({}, ValueError, "side information"),
+      ({"reference_codec": _nested()}, ValueError, "reference_codec"),
+      ({"reference_codec": ndq_tf.DitheredCodec(num_levels=3,
+                                                bucket_size=256)},
+       ValueError, "bucket_size=256 and codec.bucket_size=512"),
+      ({"reference_codec": 3}, TypeError, "reference_codec"),
+      ({"reference_codec": _reference(), "reference_replicas": 0},
+       ValueError, "reference_replicas"),
+      ({"reference_codec": _reference(), "reference_replicas": 1.0},
+       ValueError, "reference_replicas"),
+      ({"reference_codec": _reference(), "reference_replicas": True},
+       ValueError, "reference_replicas"),
+      ({"reference_codec": _reference(), "adaptive": "yes"},
+       ValueError, "adaptive"),
+  ])
+  def test_invalid_reference_arguments(self, kwargs, error, match):
+    with pytest.raises(error, match=match):
+      CompressedAllReduce(_nested(), **kwargs)
+
+  def test_mmse_needs_the_automatic_mode_and_an_odd_ratio(self):
+    with pytest.raises(ValueError, match="adaptive"):
+      CompressedAllReduce(_nested(alpha="mmse"), reference_codec=_reference(),
+                          adaptive=False)
+    with pytest.raises(ValueError, match="odd"):
+      CompressedAllReduce(_nested(coarse_ratio=4),
+                          reference_codec=_reference(), adaptive=True)
+
+  def test_reference_arguments_need_a_nested_codec(self):
+    with pytest.raises(ValueError, match="only for a nested"):
+      CompressedAllReduce(_reference(), reference_codec=_reference())
+    with pytest.raises(ValueError, match="only for a nested"):
+      CompressedAllReduce(_reference(), adaptive=True)
+
+  def test_count_is_checked_against_the_replicas(self):
+    with pytest.raises(ValueError, match="at least one nested sender"):
+      MirroredStrategy(codec=_nested(), reference_codec=_reference(),
+                       reference_replicas=4, devices=_devices())
+    strategy = MirroredStrategy(codec=_nested(), reference_codec=_reference(),
+                                reference_replicas=3, devices=_devices())
+    assert strategy.compressed_all_reduce.reference_count(4) == 3
+
+  def test_tf_overload_probability_matches_theory(self):
+    sigmas = [0.01, 0.05, 0.1, 0.2, 0.4, 1.0]
+    for k in (2, 3, 5):
+      for alpha in (1.0, 0.8):
+        got = fusion.overload_probability(
+            alpha, tf.constant(sigmas, tf.float64),
+              tf.fill([len(sigmas)], tf.constant(1 / 3, tf.float64)), k)
+        want = [theory.overload_probability(alpha, s, 1 / 3, k)
+                for s in sigmas]
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-9, atol=1e-300)
+
+
+# -- One all-reduce on synthetic correlated gradients --------------------------
+
+
+@pytest.mark.parametrize("noise", [0.05, 0.5])
+def test_batch_reduce_is_identical_everywhere_and_within_the_bound(noise):
+  ops = CompressedAllReduce(_nested(), reference_codec=_reference(),
+                            reference_replicas=0.5, min_elements=64, seed=7)
+  strategy = MirroredStrategy(cross_device_ops=ops, devices=_devices())
+  per_replica = _correlated(noise)
+  results = _reduce(strategy, per_replica)
+  for copies in results:
+    _assert_bitwise_equal(copies)
+
+  # Ground truth per sender: the same wires, rebuilt from the same seeds.
+  codecs, plan, wires, decoded, _, fused = _replay(ops, per_replica, step=0)
+  mean = np.concatenate([c[0].numpy().ravel() for c in results])
+  real = _real_mask(plan)
+  np.testing.assert_allclose(mean, np.mean(decoded, axis=0)[real],
+                             rtol=0, atol=1e-5)
+
+  # Per-element bound: every sender's error is within kappa_{p,b}·Δ1/2
+  # (DQSG num_levels=3 for P1; NDQSG Δ1 = κ/3 for P2 without overload).
+  kappa = [np.repeat(np.abs(f).reshape(-1, D).max(axis=1), D) for f in fused]
+  half_step = [k / 6 for k in kappa]
+  errors = [dec - f for dec, f in zip(decoded, fused)]
+  for p in range(2):  # DQSG: never out of the bound
+    assert np.all(np.abs(errors[p])[real] <= half_step[p][real] * (1 + 1e-5))
+  overloaded = np.zeros(plan.total_size, bool)
+  for p in range(2, NUM_REPLICAS):
+    overloaded |= np.abs(errors[p]) > half_step[p] * (1 + 1e-5) + 1e-6
+  overloaded &= real
+  truth = np.mean([f for f in fused], axis=0)[real]
+  bound = np.mean(half_step, axis=0)[real] * (1 + 1e-5)
+  ok = ~overloaded[real]
+  assert np.all(np.abs(mean - truth)[ok] <= bound[ok])
+
+  # Measured overload rate against the Gaussian theory at the true σ_z:
+  # z_p = g_p - mean(decoded before p) = n_p - mean(n_q) - mean(e_q).
+  expected = []
+  for p in range(2, NUM_REPLICAS):
+    kappa_b = np.abs(fused[p]).reshape(-1, D).max(axis=1)
+    before = np.stack([np.abs(fused[q]).reshape(-1, D).max(axis=1)
+                       for q in range(p)])
+    var = noise**2 * (1 + 1 / p) + np.sum((before / 3)**2 / 12, axis=0) / p**2
+    expected += [theory.overload_probability(1.0, math.sqrt(v) / k, 1 / 3, 3)
+                 for v, k in zip(var, kappa_b)]
+  n = 2 * int(real.sum())
+  expected_count = float(np.mean(expected)) * n
+  measured = int(np.sum(
+      [np.abs(errors[p])[real] > half_step[p][real] * (1 + 1e-5) + 1e-6
+       for p in range(2, NUM_REPLICAS)]))
+  estimate = ops.last_overload_probability
+  print(f"noise {noise}: overloads measured {measured} / {n} = "
+        f"{measured / n:.2e}, theory at the true sigma {expected_count / n:.2e},"
+        f" telemetry estimate {estimate:.2e}")
+  # The Gaussian model ignores one effect, so the measured rate may exceed
+  # it a little: an overloaded P2 sender is off by ±κ and corrupts the side
+  # information of the senders decoded after it (measured at noise 0.5:
+  # 1012 against 900 expected).
+  tolerance = 4 * math.sqrt(expected_count) + 2
+  assert expected_count - tolerance <= measured
+  assert measured <= 1.25 * expected_count + tolerance
+  if noise < 0.1:
+    # σ_z is then mostly the reference group's quantization noise.
+    assert measured == 0 and expected_count < 0.05 and estimate < 1e-5
+  else:
+    assert expected_count > 20  # the regime is really tested
+    assert 0.5 < estimate / (expected_count / n) < 2.0
+  assert ops.last_fallback_fraction == 0.0  # fixed mode never falls back
+
+  # Wire bits: each sender's real payload, P1 and P2 differ.
+  total = plan.total_size
+  want = [_reference().wire_bits(total)] * 2 + [_nested().wire_bits(total)] * 2
+  assert ops.last_sender_bits == want
+  assert ops.last_compressed_bits == sum(want)
+  assert [32 * int(tf.size(w)) for w in wires] == want
+
+
+# -- Automatic mode ---------------------------------------------------------------
+
+
+def test_automatic_mode_falls_back_first_then_nests_and_restores(tmp_path):
+  ops = CompressedAllReduce(_nested(), reference_codec=_reference(),
+                            reference_replicas=2, adaptive=True,
+                            min_elements=64, seed=5)
+  strategy = MirroredStrategy(cross_device_ops=ops, devices=_devices())
+  fallback, mse = [], []
+  for step in range(4):
+    per_replica = _correlated(0.05, seed=step)
+    results = _reduce(strategy, per_replica)
+    for copies in results:
+      _assert_bitwise_equal(copies)
+    truth = np.concatenate([np.mean([r[k] for r in per_replica], axis=0).ravel()
+                            for k in range(2)])
+    got = np.concatenate([c[0].numpy().ravel() for c in results])
+    fallback.append(ops.last_fallback_fraction)
+    mse.append(float(np.mean((got - truth)**2)))
+  num_buckets = 65  # 64 + 1 (300 elements padded to a bucket)
+  sigma = ops.noise_scale(num_buckets)
+  print(f"fallback fraction per step {fallback}, MSE {mse}, "
+        f"sigma {sigma.numpy()[:3]}, overload {ops.last_overload_probability}")
+  assert fallback[0] == 1.0
+  assert all(f <= 0.05 for f in fallback[1:])
+  assert mse[-1] < 0.5 * mse[0]  # nested codes beat the ternary fallback
+  assert np.all(np.isfinite(sigma.numpy())) and np.all(sigma.numpy() > 0)
+  # The estimated overload probability is near the codec's target.
+  assert ops.last_overload_probability < 10 * ops.codec.overload_target
+
+  # Step counter and noise scales restore through tf.train.Checkpoint, also
+  # into an object that has not created its noise variable yet.
+  path = tf.train.Checkpoint(ops=ops).save(str(tmp_path / "ckpt"))
+  names = [n for n, _ in tf.train.list_variables(path)]
+  assert any(f"buckets_{num_buckets}" in n for n in names), names
+  fresh = CompressedAllReduce(_nested(), reference_codec=_reference(),
+                              reference_replicas=2, adaptive=True,
+                              min_elements=64, seed=5)
+  tf.train.Checkpoint(ops=fresh).restore(path).assert_existing_objects_matched()
+  assert int(fresh.step.numpy()) == 4
+  restored = fresh.noise_scale(num_buckets, create=True)
+  np.testing.assert_array_equal(restored.numpy(), sigma.numpy())
+  # ... and the next call continues bitwise as the original would.
+  used = fresh.noise_scale(num_buckets, create=True)
+  used.assign(sigma)
+  per_replica = _correlated(0.05, seed=9)
+  a = _reduce(strategy, per_replica)
+  b = _reduce(MirroredStrategy(cross_device_ops=fresh, devices=_devices()),
+              per_replica)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(_bits(x[0].numpy()), _bits(y[0].numpy()))
+
+
+def test_noise_scales_are_saved_with_the_model(tmp_path):
+  def build():
+    strategy = MirroredStrategy(codec=_nested(), reference_codec=_reference(),
+                                adaptive=True, devices=_devices())
+    with strategy.scope():
+      model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    return strategy.compressed_all_reduce, model
+
+  ops, model = build()
+  ops.step.assign(3)
+  ops.noise_scale(3, create=True).assign([0.5, float("nan"), 2.0])
+  model.save_weights(str(tmp_path / "m.weights.h5"))
+  path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+  for load in ("h5", "checkpoint"):
+    fresh_ops, fresh = build()  # no noise variable yet
+    if load == "h5":
+      fresh.load_weights(str(tmp_path / "m.weights.h5"))
+    else:
+      tf.train.Checkpoint(model=fresh).restore(path).expect_partial()
+    assert int(fresh_ops.step.numpy()) == 3, load
+    np.testing.assert_array_equal(
+        fresh_ops.noise_scale(3, create=True).numpy(), [0.5, np.nan, 2.0])
+
+
+# -- Training ----------------------------------------------------------------------
+
+
+def _digits():
+  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  from sklearn import model_selection  # pylint: disable=g-import-not-at-top
+  data = datasets.load_digits()
+  x = (data.data / 16.0).astype("float32")
+  return model_selection.train_test_split(
+      x, data.target, test_size=0.25, random_state=0, stratify=data.target)
+
+
+def _fit_digits(strategy, data):
+  """As tests/test_mirrored_training.py: MLP 64-256-10, Adam, 8 epochs."""
+  x_train, x_test, y_train, y_test = data
+  keras.utils.set_random_seed(1)
+  with strategy.scope():
+    model = keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(256, activation="relu"),
+        keras.layers.Dense(10),
+    ])
+    model.compile(keras.optimizers.Adam(4e-3),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+  history = model.fit(x_train, y_train, batch_size=128, epochs=8,
+                      shuffle=True, verbose=0)
+  for variable in model.variables:
+    copies = [np.atleast_1d(c.numpy()).view(np.uint8)
+              for c in variable.value.values]
+    for c in copies[1:]:
+      np.testing.assert_array_equal(copies[0], c, err_msg=variable.path)
+  loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
+  assert all(math.isfinite(v) for v in history.history["loss"])
+  assert math.isfinite(loss)
+  return accuracy
+
+
+@pytest.fixture(scope="module")
+def digits_baseline():
+  """Digits data and DQSG num_levels=3 on all 4 replicas: (data, acc, bits)."""
+  data = _digits()
+  dqsg = MirroredStrategy(codec=_reference(), devices=_devices())
+  accuracy = _fit_digits(dqsg, data)
+  ops = dqsg.compressed_all_reduce
+  print(f"\ndqsg num_levels=3: acc {accuracy:.4f}, bits/elt "
+        f"{ops.wire_bits_per_element:.3f}")
+  return data, accuracy, ops.last_wire_bits
+
+
+def _fit_nested(data, baseline_bits, count, adaptive=False):
+  strategy = MirroredStrategy(codec=_nested(), reference_codec=_reference(),
+                              reference_replicas=count, adaptive=adaptive,
+                              devices=_devices())
+  accuracy = _fit_digits(strategy, data)
+  ops = strategy.compressed_all_reduce
+  mode = "adaptive" if adaptive else "fixed"
+  print(f"ndqsg {mode} |P1|={count}/4: acc {accuracy:.4f}, bits/elt "
+        f"{ops.wire_bits_per_element:.3f} "
+        f"({1 - ops.last_wire_bits / baseline_bits:.1%} fewer), estimated "
+        f"overload {ops.last_overload_probability:.2e}, fallback "
+        f"{ops.last_fallback_fraction:.2f}")
+  return accuracy, ops.last_wire_bits
+
+
+def test_digits_nested_half_reference_within_half_a_point_of_dqsg(
+    digits_baseline):
+  """NDQSG (fixed mode) with half the replicas in P1, and with one of four.
+
+  The seeds are those of tests/test_mirrored_training.py (Keras seed 1,
+  dither seed 0), where the claim holds: 0.9622 against 0.9644 (one test
+  sample is 0.22 points). It does NOT hold for every seed: measured with 8
+  epochs and seeds 2-6 (the same seed for Keras and the dither), the fixed
+  mode is 0.67-1.11 points below DQSG num_levels=3 on all of them, the
+  automatic mode (adaptive=True) 0-0.89 below; the estimated overload
+  probability of the fixed mode is 10-16% per nested element per step
+  (`Δ2 = κ` is small for the spread between replicas' gradients). See the
+  report of issue 4.
+  """
+  data, baseline, baseline_bits = digits_baseline
+  accuracy, bits = _fit_nested(data, baseline_bits, 2)
+  assert accuracy >= baseline - 0.005
+  # All bits counted (lossless small tensors too): reference senders ~2.97
+  # bits/elt, nested ~1.66.
+  assert bits <= 0.8 * baseline_bits
+  # One of four in P1: printed (identical replicas, finite loss checked).
+  _fit_nested(data, baseline_bits, 1)
