@@ -11,7 +11,11 @@ SHARED := ../shared
 # into logical devices. A pytest run that collects nothing exits 5 (a failure).
 PYTEST_ARGS ?= -n 2 --dist loadfile -q
 BAZEL_TARGETS ?= //...
-BENCHMARKS := $(sort $(wildcard benchmarks/*.py))
+# The quick benchmarks. Not here: benchmarks/multi_worker_link.py (needs root
+# for network namespaces) and benchmarks/paper_experiment.py (30+ minutes per
+# seed, resumable); see docs/benchmarks.md and docs/results.md.
+BENCHMARKS := benchmarks/codec_throughput.py benchmarks/mirrored_step.py \
+	benchmarks/nested_tradeoff.py
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
