@@ -19,6 +19,8 @@ import ndq_tf
 import ndq_tf.keras
 from ndq_tf.distribute.mirrored import MirroredStrategy
 
+import digits_recipe
+
 NUM_REPLICAS = 4
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,39 +88,21 @@ def test_fit_keeps_every_replica_bitwise_identical_and_counts_wire_bits():
   assert logs["wire_bits_per_element"][-1] < 32 / 4
 
 
-def _digits():
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top
-  from sklearn import model_selection  # pylint: disable=g-import-not-at-top
-  data = datasets.load_digits()
-  x = (data.data / 16.0).astype("float32")
-  return model_selection.train_test_split(
-      x, data.target, test_size=0.25, random_state=0, stratify=data.target)
-
-
-def _fit_digits(strategy, x_train, y_train, x_test, y_test):
-  keras.utils.set_random_seed(1)
-  with strategy.scope():
-    model = keras.Sequential([
-        keras.Input((64,)),
-        keras.layers.Dense(256, activation="relu"),
-        keras.layers.Dense(10),
-    ])
-    model.compile(keras.optimizers.Adam(4e-3),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-  model.fit(x_train, y_train, batch_size=128, epochs=8, shuffle=True,
-            verbose=0)
+def _fit_digits(strategy, data):
+  """Test accuracy of the shared digits recipe (tests/digits_recipe.py)."""
+  model, _ = digits_recipe.fit(strategy, data)
+  _, x_test, _, y_test = data
   return model.evaluate(x_test, y_test, verbose=0)[1]
 
 
 def test_digits_dqsg_matches_float32_accuracy_with_10x_fewer_bits():
-  x_train, x_test, y_train, y_test = _digits()
+  data = digits_recipe.load()
   float32 = tf.distribute.MirroredStrategy(
       _devices(), cross_device_ops=tf.distribute.ReductionToOneDevice())
-  reference = _fit_digits(float32, x_train, y_train, x_test, y_test)
+  reference = _fit_digits(float32, data)
   strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=3),
                               devices=_devices())
-  accuracy = _fit_digits(strategy, x_train, y_train, x_test, y_test)
+  accuracy = _fit_digits(strategy, data)
   ops = strategy.compressed_all_reduce
   print(f"float32 {reference:.4f}  dqsg {accuracy:.4f}  "
         f"ratio {ops.compression_ratio:.2f}  bits/elt "

@@ -19,6 +19,8 @@ from ndq_tf.distribute import fusion
 from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
 from ndq_tf.distribute.mirrored import MirroredStrategy
 
+import digits_recipe
+
 NUM_REPLICAS = 4
 D = 512  # bucket size of both codecs
 
@@ -338,30 +340,11 @@ def test_noise_scales_are_saved_with_the_model(tmp_path):
 # -- Training ----------------------------------------------------------------------
 
 
-def _digits():
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top
-  from sklearn import model_selection  # pylint: disable=g-import-not-at-top
-  data = datasets.load_digits()
-  x = (data.data / 16.0).astype("float32")
-  return model_selection.train_test_split(
-      x, data.target, test_size=0.25, random_state=0, stratify=data.target)
-
-
 def _fit_digits(strategy, data):
-  """As tests/test_mirrored_training.py: MLP 64-256-10, Adam, 8 epochs."""
-  x_train, x_test, y_train, y_test = data
-  keras.utils.set_random_seed(1)
-  with strategy.scope():
-    model = keras.Sequential([
-        keras.Input((64,)),
-        keras.layers.Dense(256, activation="relu"),
-        keras.layers.Dense(10),
-    ])
-    model.compile(keras.optimizers.Adam(4e-3),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-  history = model.fit(x_train, y_train, batch_size=128, epochs=8,
-                      shuffle=True, verbose=0)
+  """The digits recipe of tests/test_mirrored_training.py (shared module);
+  checks that the replicas end bitwise identical and the loss finite."""
+  _, x_test, _, y_test = data
+  model, history = digits_recipe.fit(strategy, data)
   for variable in model.variables:
     copies = [np.atleast_1d(c.numpy()).view(np.uint8)
               for c in variable.value.values]
@@ -376,7 +359,7 @@ def _fit_digits(strategy, data):
 @pytest.fixture(scope="module")
 def digits_baseline():
   """Digits data and DQSG num_levels=3 on all 4 replicas: (data, acc, bits)."""
-  data = _digits()
+  data = digits_recipe.load()
   dqsg = MirroredStrategy(codec=_reference(), devices=_devices())
   accuracy = _fit_digits(dqsg, data)
   ops = dqsg.compressed_all_reduce

@@ -13,7 +13,6 @@ import math
 import keras
 import tensorflow as tf
 
-from ndq_tf.ops import packing_ops
 from ndq_tf.ops import random_ops
 
 __all__ = [
@@ -470,7 +469,3 @@ def dither(seed, num_buckets, bucket_size, dtype, stream=0):
   """The dither of a bucketed tensor, in units of the step: `[B, d]`."""
   u = random_ops.uniform_dither(seed, num_buckets * bucket_size, stream)
   return tf.cast(tf.reshape(u, [num_buckets, bucket_size]), dtype)
-
-
-def radix_words(num_elements, alphabet_size):
-  return packing_ops.num_words(num_elements, alphabet_size)
