@@ -454,6 +454,7 @@ class TestCompressionStats:
         pytest.approx(expected)]
     assert history.history["compression_ratio"] == [
         pytest.approx(32 / expected)]
+    assert "overload_rate" not in history.history  # nested codecs only
 
   def test_warns_when_nothing_was_compressed(self):
     with pytest.warns(RuntimeWarning, match="min_elements"):

@@ -165,10 +165,12 @@ def test_custom_training_loop_two_workers(tmp_path, eager, steps):
     assert int(r["wire_bits"]) == int(r["expected_wire_bits"])
 
 
-def test_nested_group_two_workers_bitwise_identical(tmp_path):
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_nested_group_two_workers_bitwise_identical(tmp_path, adaptive):
   out = str(tmp_path / "out")
   code, output = _run_job("--mode", "ctl", "--steps", "10", "--nested",
-                          "--out_dir", out)
+                          "--out_dir", out,
+                          *(["--adaptive"] if adaptive else []))
   assert code == 0, output
   results = _results(out)
   _assert_bitwise_identical(results)
@@ -178,6 +180,23 @@ def test_nested_group_two_workers_bitwise_identical(tmp_path):
     assert int(r["wire_bits"]) == int(r["expected_wire_bits"])
     assert int(r["sent_bits"]) == (int(r["expected_wire_bits"]) +
                                    32 * multi_worker.HEADER_WORDS)
+  # Telemetry is the worker's own: none on the reference worker.
+  assert np.all(np.isnan(results[0]["fallback"]))
+  assert np.isnan(results[0]["noise_gain"])
+  fallback = results[1]["fallback"]
+  print(f"adaptive={adaptive}: fallback per step {fallback}, overload rate "
+        f"{float(results[1]['overload_rate']):.2e} (Gaussian "
+        f"{float(results[1]['overload_probability']):.2e}), gain "
+        f"{float(results[1]['noise_gain']):.3f}")
+  if adaptive:
+    # No noise known at the first exchange: every bucket falls back; then
+    # the worker's own measured noise lets some buckets nest.
+    assert fallback[0] == 1.0 and min(fallback[1:]) < 1.0
+    gain = float(results[1]["noise_gain"])
+    assert 1.25**-9 <= gain <= 1.25**9  # at most 1.25x per exchange
+  else:
+    assert np.all(fallback == 0.0)  # the fixed mode never falls back
+    assert np.isfinite(float(results[1]["overload_rate"]))
 
 
 def test_workers_with_different_steps_fail_naming_both_steps(tmp_path):

@@ -181,6 +181,25 @@ class TestArguments:
                 for s in sigmas]
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-9, atol=1e-300)
 
+  def test_noise_gain_feedback(self):
+    """`next_noise_gain`: up while overloading, down while not, bounded."""
+    target = 1e-4
+    def gain(g, overloads, n):
+      return float(cdo.next_noise_gain(tf.constant(g), tf.constant(
+          overloads, tf.int64), tf.constant(n, tf.int64), target))
+    n = 300_000  # 30 overloads expected
+    assert gain(1.0, 30, n) == pytest.approx(1.0, abs=1e-6)
+    assert gain(1.0, 5000, n) == pytest.approx(1.25)  # clipped step
+    assert gain(1.0, 0, n) == pytest.approx(0.8)
+    assert gain(1.0, 40, n) == pytest.approx(math.sqrt(40.5 / 30.5), rel=1e-6)
+    # Few nested elements: nothing expected, nothing seen, no move.
+    assert gain(2.0, 0, 0) == 2.0
+    assert gain(2.0, 0, 512) == pytest.approx(2.0 * math.sqrt(0.5 / 0.5512),
+                                              rel=1e-5)
+    # Bounded by NOISE_GAIN_RANGE.
+    assert gain(16.0, 5000, n) == 16.0
+    assert gain(0.25, 0, n) == 0.25
+
 
 # -- One all-reduce on synthetic correlated gradients --------------------------
 
@@ -196,7 +215,8 @@ def test_batch_reduce_is_identical_everywhere_and_within_the_bound(noise):
     _assert_bitwise_equal(copies)
 
   # Ground truth per sender: the same wires, rebuilt from the same seeds.
-  codecs, plan, wires, decoded, _, fused = _replay(ops, per_replica, step=0)
+  codecs, plan, wires, decoded, side, fused = _replay(ops, per_replica,
+                                                     step=0)
   mean = np.concatenate([c[0].numpy().ravel() for c in results])
   real = _real_mask(plan)
   np.testing.assert_allclose(mean, np.mean(decoded, axis=0)[real],
@@ -236,7 +256,21 @@ def test_batch_reduce_is_identical_everywhere_and_within_the_bound(noise):
   estimate = ops.last_overload_probability
   print(f"noise {noise}: overloads measured {measured} / {n} = "
         f"{measured / n:.2e}, theory at the true sigma {expected_count / n:.2e},"
-        f" telemetry estimate {estimate:.2e}")
+        f" telemetry estimate {estimate:.2e}, telemetry count "
+        f"{ops.last_overloads}")
+  # The senders' own count (exact, from the residual's coarse cell) is the
+  # ground truth this test computes from the error's size.
+  assert ops.last_overloads == measured
+  assert ops.last_overload_rate == measured / n
+  # The noise scales: each nested sender's exact RMS of g_p - y_p per
+  # bucket over the real elements (float32 sums: relative 1e-5).
+  sigma = ops.noise_scale(plan.total_size // D).numpy()
+  assert np.all(np.isnan(sigma[:2]))
+  for p in range(2, NUM_REPLICAS):
+    z = np.where(real, fused[p] - side[p].numpy(), 0.0).reshape(-1, D)
+    count = real.reshape(-1, D).sum(axis=1)
+    np.testing.assert_allclose(sigma[p], np.sqrt((z**2).sum(axis=1) / count),
+                               rtol=1e-5)
   # The Gaussian model ignores one effect, so the measured rate may exceed
   # it a little: an overloaded P2 sender is off by ±κ and corrupts the side
   # information of the senders decoded after it (measured at noise 0.5:
@@ -281,13 +315,23 @@ def test_automatic_mode_falls_back_first_then_nests_and_restores(tmp_path):
     mse.append(float(np.mean((got - truth)**2)))
   num_buckets = 65  # 64 + 1 (300 elements padded to a bucket)
   sigma = ops.noise_scale(num_buckets)
+  gain = ops.noise_gain(num_buckets)
   print(f"fallback fraction per step {fallback}, MSE {mse}, "
-        f"sigma {sigma.numpy()[:3]}, overload {ops.last_overload_probability}")
+        f"sigma {sigma.numpy()[2:, :3]}, gain {gain.numpy()}, overload "
+        f"{ops.last_overload_probability} (counted {ops.last_overloads})")
   assert fallback[0] == 1.0
   assert all(f <= 0.05 for f in fallback[1:])
   assert mse[-1] < 0.5 * mse[0]  # nested codes beat the ternary fallback
-  assert np.all(np.isfinite(sigma.numpy())) and np.all(sigma.numpy() > 0)
-  # The estimated overload probability is near the codec's target.
+  # Rows of the reference senders stay NaN (their exact values are checked
+  # in the fixed-mode test above).
+  assert np.all(np.isnan(sigma.numpy()[:2]))
+  assert np.all(np.isfinite(sigma.numpy()[2:]) & (sigma.numpy()[2:] > 0))
+  # Gaussian z at the target: no overload expected (2.6e-4 per call of
+  # 2·33,068 elements at 1e-4... 6.6: a count of 0 to ~15), so the gains
+  # stay near 1: each call moves them by at most 1.25×.
+  assert gain.numpy()[0] == gain.numpy()[1] == 1.0
+  assert np.all((gain.numpy()[2:] >= 1 / 1.25**3)
+                & (gain.numpy()[2:] <= 1.25**3))
   assert ops.last_overload_probability < 10 * ops.codec.overload_target
 
   # Step counter and noise scales restore through tf.train.Checkpoint, also
@@ -300,11 +344,10 @@ def test_automatic_mode_falls_back_first_then_nests_and_restores(tmp_path):
                               min_elements=64, seed=5)
   tf.train.Checkpoint(ops=fresh).restore(path).assert_existing_objects_matched()
   assert int(fresh.step.numpy()) == 4
-  restored = fresh.noise_scale(num_buckets, create=True)
+  restored, restored_gain = fresh.nested_state(num_buckets, NUM_REPLICAS)
   np.testing.assert_array_equal(restored.numpy(), sigma.numpy())
+  np.testing.assert_array_equal(restored_gain.numpy(), gain.numpy())
   # ... and the next call continues bitwise as the original would.
-  used = fresh.noise_scale(num_buckets, create=True)
-  used.assign(sigma)
   per_replica = _correlated(0.05, seed=9)
   a = _reduce(strategy, per_replica)
   b = _reduce(MirroredStrategy(cross_device_ops=fresh, devices=_devices()),
@@ -323,7 +366,9 @@ def test_noise_scales_are_saved_with_the_model(tmp_path):
 
   ops, model = build()
   ops.step.assign(3)
-  ops.noise_scale(3, create=True).assign([0.5, float("nan"), 2.0])
+  sigma = [[np.nan] * 3] * 2 + [[0.5, np.nan, 2.0], [1.0, 2.0, 3.0]]
+  ops.nested_state(3, NUM_REPLICAS)[0].assign(sigma)
+  ops.nested_state(3, NUM_REPLICAS)[1].assign([1.0, 1.0, 2.5, 0.5])
   model.save_weights(str(tmp_path / "m.weights.h5"))
   path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
   for load in ("h5", "checkpoint"):
@@ -333,8 +378,28 @@ def test_noise_scales_are_saved_with_the_model(tmp_path):
     else:
       tf.train.Checkpoint(model=fresh).restore(path).expect_partial()
     assert int(fresh_ops.step.numpy()) == 3, load
-    np.testing.assert_array_equal(
-        fresh_ops.noise_scale(3, create=True).numpy(), [0.5, np.nan, 2.0])
+    restored_sigma, restored_gain = fresh_ops.nested_state(3, NUM_REPLICAS)
+    np.testing.assert_array_equal(restored_sigma.numpy(), sigma)
+    np.testing.assert_array_equal(restored_gain.numpy(), [1, 1, 2.5, 0.5])
+
+
+def test_compression_stats_logs_the_counted_overload_rate():
+  strategy = MirroredStrategy(codec=_nested(), reference_codec=_reference(),
+                              adaptive=True, devices=_devices())
+  keras.utils.set_random_seed(0)
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(32)])
+    model.compile("sgd", "mse")
+  x = np.random.default_rng(0).normal(size=(128, 32)).astype(np.float32)
+  history = model.fit(x, x, batch_size=32, epochs=2, verbose=0,
+                      callbacks=[ndq_tf.keras.CompressionStats()])
+  ops = strategy.compressed_all_reduce
+  assert history.history["fallback_fraction"][-1] == ops.last_fallback_fraction
+  rate = ops.last_overload_rate
+  if math.isnan(rate):  # every bucket fell back: nothing to count
+    assert "overload_rate" not in history.history
+  else:
+    assert history.history["overload_rate"][-1] == rate
 
 
 # -- Training ----------------------------------------------------------------------

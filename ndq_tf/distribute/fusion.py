@@ -50,9 +50,13 @@ adaptive nested mode's noise estimate; `encode_fused(..., noise_scale=σ)`
 passes the per-bucket noise scales to an adaptive nested codec, and
 `wire_scales` reads the per-bucket scales back from a wire (negative: a
 bucket the adaptive codec sent as DQSG). `overload_probability` is
-`ndq_tf.theory.overload_probability` in TensorFlow.
+`ndq_tf.theory.overload_probability` in TensorFlow;
+`nested_sender_statistics` gives a nested sender, from its own gradient (the
+ground truth only it has), the exact noise of its decode and the elements
+that really overloaded.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from ndq_tf import ops as ndq_ops
@@ -63,6 +67,7 @@ __all__ = [
     "decode_sum",
     "derive_seed",
     "encode_fused",
+    "nested_sender_statistics",
     "overload_probability",
     "sum_decoded",
     "wire_scales",
@@ -193,6 +198,39 @@ class FusionPlan:
     codecs without buckets.
     """
     return self._segments
+
+  def padding_mask(self):
+    """`float32` `[total_size]`: 1 at the real elements, 0 at the padding.
+
+    Built from ops (ones and zeros per tensor, one concat), not stored as a
+    constant of the buffer's size.
+    """
+    parts = []
+    for size, padded in zip(self._sizes, self._padded_sizes):
+      parts.append(tf.ones([size], tf.float32))
+      if padded > size:
+        parts.append(tf.zeros([padded - size], tf.float32))
+    if not parts:
+      return tf.zeros([0], tf.float32)
+    return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+
+  def bucket_counts(self):
+    """NumPy `int64` `[total_size // bucket_size]`: real elements per bucket.
+
+    Raises:
+      ValueError: for a plan without buckets.
+    """
+    if self._bucket_size is None:
+      raise ValueError("`bucket_counts` needs a plan with buckets. Received: "
+                       "bucket_size=None.")
+    d = self._bucket_size
+    count = np.zeros(self._total_size // d, np.int64)
+    for offset, size, padded in zip(self._offsets, self._sizes,
+                                    self._padded_sizes):
+      first = offset // d
+      count[first:first + padded // d] = d
+      count[first + padded // d - 1] -= padded - size
+    return count
 
   def wire_words(self, codec):
     """Length of one sender's `int32` wire with `codec`."""
@@ -477,6 +515,79 @@ def wire_scales(codec, wire, plan):
   if not parts:
     return tf.zeros([0], tf.float32)
   return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+
+
+def nested_sender_statistics(codec, wire, values, side_information, decoded,
+                             plan):
+  """What a nested sender learns by decoding its own wire, with ground truth.
+
+  Overload is silent at the receivers, but the sender knows its own gradient
+  `g`: once it has decoded its own wire with the side information `y` every
+  receiver uses (it decodes every sender anyway), it knows the exact noise
+  `z = g - y` and every element that came out wrong. In the absolute units
+  of the gradient, with `δ1 = |scale|/num_levels` and `δ2 = k·δ1` a bucket's
+  fine and coarse steps, decoding gives `ĝ - y = α²z + α·e - α·δ2·j` with
+  `|e| <= δ1/2` and the integer `j` zero exactly when the element did not
+  overload, so `j = round((α²z - (ĝ - y))/(α·δ2))` (exact: the rounding
+  has a margin of `1/2 - 1/(2k)` cells). Only real elements (not the
+  padding) count; DQSG-fallback buckets (negative scale) cannot overload.
+
+  Args:
+    codec: the sender's nested codec (`needs_side_information`).
+    wire: its 1-D `int32` wire.
+    values: the sender's own fused buffer (`plan.flatten(tensors)`).
+    side_information: the fused side information it was decoded with.
+    decoded: its decoded fused buffer (`decode_senders`).
+    plan: the `FusionPlan` (with buckets).
+
+  Returns:
+    A dict of tensors:
+    * `noise_scale`: `float32` `[num_buckets]`, the RMS of `z` over each
+      bucket's real elements (what the adaptive mode encodes the next call
+      with; NaN for a bucket holding a NaN or Inf);
+    * `overloads`: `int64`, real elements of nested buckets decoded wrong;
+    * `nested_elements`: `int64`, real elements of nested buckets;
+    * `expected_overloads`: `float64`, the Gaussian prediction of
+      `overloads` from this call's `noise_scale` and steps (the sum over
+      nested buckets of `count·overload_probability(α, σ_b, δ1_b, k)`);
+    * `fallback_buckets`: `int64`, buckets sent as DQSG.
+
+  Raises:
+    ValueError: if `codec` is not nested or the plan has no buckets.
+  """
+  if not getattr(codec, "needs_side_information", False):
+    raise ValueError(
+        f"`nested_sender_statistics` needs a nested codec (with side "
+        f"information). Received: codec={codec!r}.")
+  d = plan.bucket_size
+  num_buckets = plan.total_size // d
+  shape = [num_buckets, d]
+  scales = wire_scales(codec, wire, plan)
+  alpha = float(codec.adaptive_alpha)
+  k = codec.coarse_ratio
+  fine = tf.abs(scales) / codec.num_levels
+  y = tf.reshape(side_information, shape)
+  z = tf.reshape(tf.cast(values, tf.float32), shape) - y
+  residual = tf.reshape(decoded, shape) - y
+  real = tf.reshape(plan.padding_mask(), shape)
+  counts = tf.constant(plan.bucket_counts().astype(np.float32))
+  noise_scale = tf.sqrt(tf.reduce_sum(real * tf.square(z), axis=1) / counts)
+  j = tf.round(tf.math.divide_no_nan(alpha * alpha * z - residual,
+                                     (alpha * k) * fine[:, None]))
+  nested = scales > 0
+  in_nested = nested[:, None] & (real > 0)
+  wrong = in_nested & tf.not_equal(j, 0.0)
+  probability = overload_probability(alpha, noise_scale, fine, k)
+  probability = tf.where(nested & tf.math.is_finite(probability),
+                         probability, tf.zeros_like(probability))
+  return {
+      "noise_scale": noise_scale,
+      "overloads": tf.reduce_sum(tf.cast(wrong, tf.int64)),
+      "nested_elements": tf.reduce_sum(tf.cast(in_nested, tf.int64)),
+      "expected_overloads": tf.reduce_sum(
+          probability * tf.cast(counts, tf.float64)),
+      "fallback_buckets": tf.reduce_sum(tf.cast(scales < 0, tf.int64)),
+  }
 
 
 def overload_probability(alpha, sigma, fine_step, coarse_ratio):

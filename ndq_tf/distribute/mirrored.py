@@ -108,9 +108,9 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
   ...     reference_replicas=0.5)
 
   The reference group's size is checked against the replicas here. The
-  per-bucket noise scales of the nested senders
-  (`compressed_all_reduce.noise_scale(n)`) are saved with the step counter
-  (checkpoint and `.weights.h5` files).
+  nested senders' noise scales and gains
+  (`compressed_all_reduce.noise_scale(n)`, `.noise_gain(n)`) are saved with
+  the step counter (checkpoint and `.weights.h5` files).
 
   Raises:
     ValueError: if neither or both of `codec` and `cross_device_ops` are
@@ -193,8 +193,10 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
 
   def save_own_variables(self, store):
     store["step"] = np.asarray(self._ndq_all_reduce.step.numpy())
-    for n, variable in sorted(self._ndq_all_reduce.noise_scales().items()):
+    ops = self._ndq_all_reduce
+    for n, variable in sorted(ops.noise_scales().items()):
       store[f"noise_scale_{n}"] = np.asarray(variable.numpy())
+      store[f"noise_gain_{n}"] = np.asarray(ops.noise_gain(n).numpy())
 
   def load_own_variables(self, store):
     try:
@@ -210,9 +212,13 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
       keys = []
     for key in keys:
       if key.startswith("noise_scale_"):
-        value = np.asarray(store[key])
-        self._ndq_all_reduce.noise_scale(value.shape[0],
-                                         create=True).assign(value)
+        sigma = np.asarray(store[key])
+        gain = np.asarray(store["noise_gain_" + key[len("noise_scale_"):]])
+        num_senders, num_buckets = sigma.shape
+        sigma_variable, gain_variable = self._ndq_all_reduce.nested_state(
+            num_buckets, num_senders)
+        sigma_variable.assign(sigma)
+        gain_variable.assign(gain)
 
   def __reduce__(self):
     # KerasSaveable pickles models through the Keras format; a strategy is

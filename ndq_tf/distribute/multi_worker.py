@@ -73,25 +73,22 @@ def _check_codec(codec, name="codec"):
         f"ndq_tf.DitheredCodec(num_levels=3)). Received: {name}={codec!r}")
 
 
-def _check_reference(codec, reference_codec, reference_workers):
-  """Validates the nested-group arguments; returns `reference_workers`.
+def _check_reference(codec, reference_codec, reference_workers, adaptive):
+  """Validates the nested-group arguments.
 
   The rules of `CompressedAllReduce` (one implementation), with
-  `reference_workers` defaulting to half the workers. The adaptive nested
-  mode (`alpha="mmse"`) is not available across workers yet.
+  `reference_workers` defaulting to half the workers.
+
+  Returns:
+    `(reference_workers, adaptive)`, resolved.
   """
-  if getattr(codec, "alpha", None) == "mmse":
-    raise ValueError(
-        f"MultiWorkerMirroredStrategy does not support the adaptive nested "
-        f"mode (alpha='mmse') yet: use a fixed alpha. Received: "
-        f"codec={codec!r}.")
   _check_codec(codec, "codec")
   if reference_codec is not None:
     _check_codec(reference_codec, "reference_codec")
-  _, reference_workers, _ = cross_device_ops_ndq.check_reference(
-      codec, reference_codec, reference_workers, adaptive=False,
+  _, reference_workers, adaptive = cross_device_ops_ndq.check_reference(
+      codec, reference_codec, reference_workers, adaptive=adaptive,
       group="reference_workers")
-  return reference_workers
+  return reference_workers, adaptive
 
 
 def _reference_count(reference_workers, num_workers):
@@ -136,13 +133,15 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
     reference_codec: codec of the reference workers when `codec` is nested.
     reference_workers: number of reference workers (ids `0 ..
       reference_workers - 1`), decoded first; 0 without a nested codec.
+    adaptive: nested codecs: encode with this worker's own noise of the
+      previous exchange (see `MultiWorkerMirroredStrategy`).
     canonicalize_devices: as in `CollectiveAllReduce`.
   """
 
   def __init__(self, devices, group_size, options, collective_keys, codec,
                num_workers, worker_id, min_elements=_DEFAULT_MIN_ELEMENTS,
                seed=0, reference_codec=None, reference_workers=0,
-               canonicalize_devices=True):
+               adaptive=False, canonicalize_devices=True):
     super().__init__(devices, group_size, options,
                      collective_keys=collective_keys,
                      canonicalize_devices=canonicalize_devices)
@@ -153,6 +152,12 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
     self._worker_id = worker_id
     self._min_elements = min_elements
     self._seed = seed
+    self._adaptive = adaptive
+    # This worker's noise state per fused buffer size (`buckets_<n>`):
+    # `(noise_scale [n], gain [])`, local (each worker knows only its own
+    # gradient), created on first use. Not checkpointed: after a restart the
+    # first exchange falls back to DQSG and the gain starts again at 1.
+    self._noise_state = {}
     # One launcher on the first device of every worker: the group of the
     # compressed all-gather. Keys come from the shared CollectiveKeys, in the
     # same order on every worker (construction order), so they match.
@@ -170,6 +175,16 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
                                        name="ndq_float32_bits_per_step")
       self._wire_bits = tf.Variable(0, dtype=tf.int64, trainable=False,
                                     name="ndq_codec_wire_bits_per_step")
+      # Nested workers: this worker's own payload in the last exchange
+      # (`fusion.nested_sender_statistics`).
+      self._nested_telemetry = {
+          key: tf.Variable(0, dtype=dtype, trainable=False, name="ndq_" + key)
+          for key, dtype in (("overloads", tf.int64),
+                             ("nested_elements", tf.int64),
+                             ("expected_overloads", tf.float64),
+                             ("fallback_buckets", tf.int64),
+                             ("buckets", tf.int64))
+      }
 
   @property
   def codec(self):
@@ -211,6 +226,82 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
     """float32 bits / bits sent, in the last exchange."""
     sent = int(self._sent_bits.numpy())
     return int(self._float32_bits.numpy()) / sent if sent else math.nan
+
+  @property
+  def is_nested_sender(self):
+    """Whether this worker sends nested codes (group P2)."""
+    return (self._reference_codec is not None
+            and self._worker_id >= self._reference_workers)
+
+  @property
+  def adaptive(self):
+    """Whether nested workers encode with their own last noise scale."""
+    return self._adaptive
+
+  def _nested_value(self, key):
+    if not self.is_nested_sender:
+      return math.nan
+    return self._nested_telemetry[key].numpy()
+
+  @property
+  def last_overloads(self):
+    """Nested workers: elements of this worker's payload decoded wrong.
+
+    Ground truth from this worker's own gradient (see
+    `ndq_tf.distribute.fusion.nested_sender_statistics`), last exchange.
+    NaN on a reference worker.
+    """
+    value = self._nested_value("overloads")
+    return value if math.isnan(value) else int(value)
+
+  @property
+  def last_overload_rate(self):
+    """Nested workers: `last_overloads` per element of nested buckets.
+
+    NaN on a reference worker or when every bucket fell back.
+    """
+    if not self.is_nested_sender:
+      return math.nan
+    n = int(self._nested_telemetry["nested_elements"].numpy())
+    return self.last_overloads / n if n else math.nan
+
+  @property
+  def last_overload_probability(self):
+    """Nested workers: the Gaussian prediction of `last_overload_rate`."""
+    if not self.is_nested_sender:
+      return math.nan
+    n = int(self._nested_telemetry["nested_elements"].numpy())
+    expected = float(self._nested_telemetry["expected_overloads"].numpy())
+    return expected / n if n else 0.0
+
+  @property
+  def last_fallback_fraction(self):
+    """Nested workers: fraction of this worker's buckets sent as DQSG."""
+    if not self.is_nested_sender:
+      return math.nan
+    buckets = int(self._nested_telemetry["buckets"].numpy())
+    fallback = int(self._nested_telemetry["fallback_buckets"].numpy())
+    return fallback / buckets if buckets else math.nan
+
+  def noise_state(self, num_buckets):
+    """`(noise_scale, noise_gain)` variables of a buffer, or None.
+
+    This worker's exact RMS of `z = g - y` per bucket in the last exchange
+    and its gain (`ndq_tf.distribute.cross_device_ops.next_noise_gain`).
+    """
+    return self._noise_state.get(f"buckets_{int(num_buckets)}")
+
+  def _get_noise_state(self, num_buckets):
+    key = f"buckets_{int(num_buckets)}"
+    if key not in self._noise_state:
+      with ops.init_scope(), ops.device(self._exchange_device), \
+          tf.variable_creator_scope(
+              cross_device_ops_ndq._plain_variable_creator):  # pylint: disable=protected-access
+        self._noise_state[key] = (
+            tf.Variable(tf.fill([int(num_buckets)], math.nan),
+                        trainable=False, name=f"ndq_noise_scale_{key}"),
+            tf.Variable(1.0, trainable=False, name=f"ndq_noise_gain_{key}"))
+    return self._noise_state[key]
 
   def batch_reduce_implementation(self, reduce_op, value_destination_pairs,
                                   options):
@@ -300,9 +391,17 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
             "DitheredCodec(num_levels=1) with coarse_ratio=3) to avoid it.",
             1, words[0], words[-1], row_words)
       step = self._step.read_value()
+      my_codec = codecs[self._worker_id]
+      nested = self.is_nested_sender
+      noise_scale = None
+      if nested:
+        sigma_variable, gain_variable = self._get_noise_state(
+            plan.total_size // plan.bucket_size)
+        if self._adaptive:
+          noise_scale = sigma_variable.read_value() * gain_variable.read_value()
       wire = fusion.encode_fused(
-          codecs[self._worker_id], local,
-          self._seed_for(step, self._worker_id), plan)
+          my_codec, local, self._seed_for(step, self._worker_id), plan,
+          noise_scale=noise_scale)
       header = tf.stack([
           tf.constant(_MAGIC, tf.int32),
           tf.constant(self._worker_id, tf.int32), step,
@@ -328,10 +427,37 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
         # receiver's counter.
         seeds = [self._seed_for(rows[k, 2], rows[k, 1])
                  for k in range(self._num_workers)]
-        summed = fusion.decode_sum(codecs, wires, seeds, plan)
+        decoded, side = fusion.decode_senders(codecs, wires, seeds, plan,
+                                              return_side_information=True)
+        updates = []
+        if nested:
+          me = self._worker_id
+          updates = self._update_noise(
+              fusion.nested_sender_statistics(
+                  my_codec, wires[me], plan.flatten(local), side[me],
+                  decoded[me], plan),
+              sigma_variable, gain_variable, plan)
+        summed = fusion.sum_decoded(decoded, plan)
         if reduce_op == reduce_util.ReduceOp.MEAN:
           summed = [s / tf.cast(self._group_size, s.dtype) for s in summed]
-        return [tf.identity(s) for s in summed]
+        with ops.control_dependencies(updates):
+          return [tf.identity(s) for s in summed]
+
+  def _update_noise(self, statistics, sigma_variable, gain_variable, plan):
+    """Stores this nested worker's noise, gain and telemetry; the ops."""
+    t = self._nested_telemetry
+    updates = [
+        sigma_variable.assign(statistics["noise_scale"]),
+        t["buckets"].assign(plan.total_size // plan.bucket_size),
+    ]
+    if self._adaptive:
+      updates.append(gain_variable.assign(cross_device_ops_ndq.next_noise_gain(
+          gain_variable.read_value(), statistics["overloads"],
+          statistics["nested_elements"], float(self._codec.overload_target))))
+    for key in ("overloads", "nested_elements", "expected_overloads",
+                "fallback_buckets"):
+      updates.append(t[key].assign(statistics[key]))
+    return updates
 
   def _check_headers(self, rows, expected_words):
     magic, senders, steps, words = (rows[:, 0], rows[:, 1], rows[:, 2],
@@ -534,6 +660,18 @@ class MultiWorkerMirroredStrategy(
       in (0, 1) (default 0.5 with a nested codec, as `reference_replicas` of
       `CompressedAllReduce`). Workers `0 .. |P1| - 1` are the reference
       group.
+    adaptive: nested `codec` only, as `CompressedAllReduce`'s (None: True
+      iff `codec.alpha == "mmse"`): every nested worker encodes with its
+      own noise of the previous exchange, the exact RMS of `z = g - y` per
+      bucket (it knows its gradient `g` and decodes its own payload with
+      the side information `y` every worker uses), times a gain fed back
+      from its own counted overloads (`cross_device_ops.next_noise_gain`).
+      Only the steps it picks travel, in the payload's scales: nothing
+      else is sent. The noise state is the worker's own and is not
+      checkpointed: after a restart the first exchange falls back to DQSG.
+      Telemetry of the worker's own payload: `compressed_all_reduce.
+      last_overload_rate` (counted), `last_overload_probability` (Gaussian
+      prediction), `last_fallback_fraction`.
     cluster_timeout: seconds to wait for every worker to join at start-up
       (`None`: forever, as TF does). TF waits inside C++ holding the GIL,
       where no exception can reach, so past the deadline a watcher process
@@ -561,10 +699,10 @@ class MultiWorkerMirroredStrategy(
 
   def __init__(self, codec, cluster_resolver=None, communication_options=None,
                min_elements=_DEFAULT_MIN_ELEMENTS, seed=0, reference_codec=None,
-               reference_workers=None, cluster_timeout=None):
+               reference_workers=None, cluster_timeout=None, adaptive=None):
     _check_codec(codec)
-    reference_workers = _check_reference(codec, reference_codec,
-                                         reference_workers)
+    reference_workers, adaptive = _check_reference(
+        codec, reference_codec, reference_workers, adaptive)
     if cluster_timeout is not None and not (
         isinstance(cluster_timeout, (int, float)) and cluster_timeout > 0):
       raise ValueError(
@@ -590,9 +728,11 @@ class MultiWorkerMirroredStrategy(
     self._reference_codec = reference_codec
     self._reference_workers = reference_workers
     self._cluster_timeout = cluster_timeout
+    self._adaptive = adaptive
     compression = dict(codec=codec, min_elements=min_elements, seed=seed,
                        reference_codec=reference_codec,
                        reference_workers=reference_workers,
+                       adaptive=bool(adaptive),
                        cluster_timeout=cluster_timeout)
     # The parent's constructor hard-codes its extended; build ours instead.
     distribute_lib.Strategy.__init__(self, _CompressedCollectiveExtended(
@@ -674,6 +814,7 @@ class MultiWorkerMirroredStrategy(
     return {"codec": self._codec, "min_elements": self._min_elements,
             "seed": self._seed, "reference_codec": self._reference_codec,
             "reference_workers": self._reference_workers,
+            "adaptive": self._adaptive,
             "cluster_timeout": self._cluster_timeout}
 
 

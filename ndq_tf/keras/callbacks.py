@@ -51,6 +51,11 @@ class CompressionStats(keras.callbacks.Callback):
     the last step (codec payloads plus the small tensors sent losslessly);
     32 for plain float32.
   * `compression_ratio`: float32 bits / wire bits of the last step.
+  * with a nested codec (NDQSG), when known: `overload_rate`, the elements
+    of nested buckets that really decoded wrong in the last step (counted
+    by their senders; under `ndq_tf.MultiWorkerMirroredStrategy` this
+    worker's own payload, so only on nested workers), and
+    `fallback_fraction`, the buckets sent as DQSG instead.
 
   They show on the progress bar, in `History`, and in
   `keras.callbacks.TensorBoard` / `CSVLogger` when this callback comes
@@ -74,7 +79,7 @@ class CompressionStats(keras.callbacks.Callback):
     cross_device_ops: the `CompressedAllReduce` to read; default: the one of
       the model's distribution strategy (`ndq_tf.MirroredStrategy` or
       `ndq_tf.MultiWorkerMirroredStrategy`).
-    prefix: prepended to the two log keys.
+    prefix: prepended to the log keys.
 
   Raises:
     ValueError: at the start of training, if no `CompressedAllReduce` is
@@ -151,6 +156,11 @@ class CompressionStats(keras.callbacks.Callback):
       return
     logs[self._prefix + "wire_bits_per_element"] = bits
     logs[self._prefix + "compression_ratio"] = ratio
+    # Nested codecs: the counted overload rate and the DQSG fallback.
+    for key in ("overload_rate", "fallback_fraction"):
+      value = getattr(ops, "last_" + key, math.nan)
+      if math.isfinite(value):
+        logs[self._prefix + key] = value
 
   def on_train_batch_end(self, batch, logs=None):
     self._add(logs)

@@ -48,6 +48,8 @@ def _parse():
   p.add_argument("--nested", action="store_true",
                  help="Worker 1 sends NestedDitheredCodec(coarse_ratio=3), "
                       "worker 0 the reference DitheredCodec(num_levels=1).")
+  p.add_argument("--adaptive", action="store_true",
+                 help="With --nested: the automatic mode (adaptive=True).")
   return p.parse_args()
 
 
@@ -71,7 +73,8 @@ def main():
               ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)]
     strategy = multi_worker.MultiWorkerMirroredStrategy(
         codec=codecs[1], reference_codec=codecs[0], reference_workers=1,
-        min_elements=MIN_ELEMENTS, seed=7, cluster_timeout=60)
+        adaptive=args.adaptive, min_elements=MIN_ELEMENTS, seed=7,
+        cluster_timeout=60)
   else:
     codecs = [ndq_tf.DitheredCodec(num_levels=args.num_levels)] * 2
     strategy = multi_worker.MultiWorkerMirroredStrategy(
@@ -162,8 +165,10 @@ def main():
       train_step = tf.function(train_step)
     record["step_before"] = int(strategy.compression_step.numpy())
     record["uncompressed_error"] = 0.0
+    record["fallback"] = []
     for i in range(args.steps):
       loss, error = train_step(dist)
+      record["fallback"].append(ops.last_fallback_fraction)
       record["uncompressed_error"] = max(record["uncompressed_error"],
                                          float(error))
       if i % 5 == 0:
@@ -180,7 +185,14 @@ def main():
       float32_bits=np.int64(ops.float32_bits.numpy()),
       expected_wire_bits=np.int64(codec.wire_bits(INPUTS * HIDDEN)),
       num_weights=np.int64(len(model.weights)),
-      uncompressed_error=np.float64(record.get("uncompressed_error", 0.0)))
+      uncompressed_error=np.float64(record.get("uncompressed_error", 0.0)),
+      fallback=np.asarray(record.get("fallback", []), np.float64),
+      overload_rate=np.float64(ops.last_overload_rate),
+      overload_probability=np.float64(ops.last_overload_probability),
+      noise_gain=np.float64(
+          ops.noise_state(INPUTS * HIDDEN // codec.bucket_size)[1].numpy()
+          if ops.noise_state(INPUTS * HIDDEN // codec.bucket_size) else
+          np.nan))
   print("RESULT " + json.dumps({
       "worker": worker,
       "step_after": int(strategy.compression_step.numpy()),
