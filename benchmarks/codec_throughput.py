@@ -57,8 +57,8 @@ def main(argv):
         f"{base_cpu * 1e3:.1f} ms CPU")
   print("Ratios are encode + decode over that pass, measured in this run; "
         "CPU time is steadier than wall time on a shared machine.\n")
-  print(f"| codec | bits/elem | encode+decode ms (wall) | ratio (wall) | "
-        f"ratio (CPU) |")
+  print("| codec | bits/elem | encode+decode ms (wall) | ratio (wall) | "
+        "ratio (CPU) |")
   print("|---|---:|---:|---:|---:|")
   specs = FLAGS.codecs.split(",") if FLAGS.codecs else _DEFAULT
   for spec in specs:

@@ -14,6 +14,9 @@ per epoch, once per gradient codec:
              replicas in the reference group sending DQSG num_levels=3
              (needs `reference_codec=`/`reference_replicas=` in
              ndq_tf.MirroredStrategy; skipped with a message otherwise)
+  ndqsg33a   the same in the automatic mode (adaptive=True): steps from
+             each nested sender's own noise, DQSG fallback where nesting
+             would not pay
   qsgd       QSGDCodec(num_levels=1, bucket_size=512)
   terngrad   TernGradCodec(bucket_size=512)
 
@@ -76,9 +79,15 @@ RUNS = collections.OrderedDict([
     ("ndqsg33", ("NDQSG (3,3)",
                  "ndqsg:num_levels=3,coarse_ratio=3,bucket_size=512",
                  "dqsg:num_levels=3,bucket_size=512")),
+    ("ndqsg33a", ("NDQSG (3,3) adaptive",
+                  "ndqsg:num_levels=3,coarse_ratio=3,bucket_size=512",
+                  "dqsg:num_levels=3,bucket_size=512")),
     ("qsgd", ("QSGD s=1", "qsgd:num_levels=1,bucket_size=512", None)),
     ("terngrad", ("TernGrad", "terngrad:bucket_size=512", None)),
 ])
+
+#: Runs whose nested senders use the automatic mode (`adaptive=True`).
+ADAPTIVE_RUNS = frozenset({"ndqsg33a"})
 
 _RUNS = flags.DEFINE_list("runs", list(RUNS),
                           f"Runs, a subset of {list(RUNS)}.")
@@ -189,6 +198,8 @@ def make_strategy(run, seed, devices):
   if reference is not None:
     kwargs["reference_codec"] = ndq_tf.codecs.get(reference)
     kwargs["reference_replicas"] = len(devices) // 2
+    if run in ADAPTIVE_RUNS:
+      kwargs["adaptive"] = True
   try:
     return strategy_cls(codec=ndq_tf.codecs.get(spec), devices=devices,
                         **kwargs)
@@ -273,7 +284,8 @@ def _make_recorder(keras, model, strategy, x_eval, y_eval, x_test, y_test,
           s["compressed_elements"] * s["senders"])
       self.sums["steps"] += 1
       if "overload_probability" in s:  # nested codecs
-        for key in ("overload_probability", "fallback_fraction"):
+        for key in ("overload_probability", "fallback_fraction",
+                    "overload_rate"):
           if math.isfinite(s[key]):
             self.sums[key] += s[key]
             self.sums[key + "_n"] += 1
@@ -372,6 +384,12 @@ def train_one(run, seed, devices, data):
       "mean_fallback_fraction": (
           sums["fallback_fraction"] / sums["fallback_fraction_n"]
           if sums["fallback_fraction_n"] else None),
+      # Counted by the nested senders (ground truth), mean over the steps
+      # with at least one nested bucket.
+      "mean_overload_rate": (
+          sums["overload_rate"] / sums["overload_rate_n"]
+          if sums["overload_rate_n"] else None),
+      "adaptive": run in ADAPTIVE_RUNS,
       "wire_bytes_per_step_per_replica": (
           sums["wire_bits"] / 8 / max(sums["steps"], 1) / len(devices)),
       "wall_seconds_total": total,
@@ -816,6 +834,10 @@ def write_report(output_dir, report_dir):
       per_elt = [b / (r["parameters"]) for b in r["sender_bits_last_step"]]
       overload = [x["mean_overload_probability"] for x in rs
                   if x.get("mean_overload_probability") is not None]
+      counted = [x["mean_overload_rate"] for x in rs
+                 if x.get("mean_overload_rate") is not None]
+      fallback = [x["mean_fallback_fraction"] for x in rs
+                  if x.get("mean_fallback_fraction") is not None]
       lines += ["", (
           f"{r['description']}: replicas 0–{k - 1} (the reference group) send "
           f"`{r['reference_codec']}`, {per_elt[0]:.2f} bits per element; "
@@ -823,9 +845,16 @@ def write_report(output_dir, report_dir):
           f"{per_elt[-1]:.2f} bits per element, decoded with the mean of the "
           f"gradients decoded before them as side information (payloads "
           f"only, per all {r['parameters']:,} parameters). "
+          + ("The automatic mode (`adaptive=True`). " if r.get("adaptive")
+             else "")
           + (f"Estimated overload probability of the nested elements "
              f"(`last_overload_probability`, mean over the steps): "
-             f"{statistics.mean(overload):.2%}." if overload else ""))]
+             f"{statistics.mean(overload):.2%}" if overload else "")
+          + (f"; counted by the senders (`last_overload_rate`): "
+             f"{statistics.mean(counted):.2%}" if counted else "")
+          + (f"; buckets sent as DQSG instead (`last_fallback_fraction`): "
+             f"{statistics.mean(fallback):.0%}" if fallback else "")
+          + ("." if overload else ""))]
     wanted = sorted({r["seed"] for rs in groups.values() for r in rs})
     gaps = []
     for rs in groups.values():

@@ -9,9 +9,10 @@ NDQSG (the paper's Algorithm 2) needs a reference group: the first
 `--reference_replicas` replicas (default half of them) send DQSG with
 `num_levels=3`, the others nested codes (`log2 coarse_ratio` bits per
 element), decoded with the mean of the gradients decoded before them as side
-information. Its bits per element average both groups; the estimated
-overload probability (the fraction of nested elements decoded off by a
-coarse step, silently) is printed too.
+information. Its bits per element average both groups; the overload rate
+of the last step (the fraction of nested elements decoded off by a coarse
+step, silently for the receivers, but counted by their senders) is printed
+too, next to what a Gaussian noise of the measured size would give.
 
 Examples:
 
@@ -140,7 +141,8 @@ def fit_one(spec, devices, data):
     p1 = ops.reference_count(len(devices))
     mode = ", adaptive" if ops.adaptive else ""
     label = f"{spec} (P1 {p1}/{len(devices)} dqsg:num_levels=3{mode})"
-    print(f"  {label}: estimated overload probability "
+    print(f"  {label}: last step: overloaded elements (counted by the "
+          f"senders) {ops.last_overload_rate:.2e}, Gaussian prediction "
           f"{ops.last_overload_probability:.2e}, fallback fraction "
           f"{ops.last_fallback_fraction:.2f}, compressed bits/elt per "
           f"sender " + " ".join(

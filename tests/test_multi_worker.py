@@ -71,6 +71,7 @@ def test_strategy_is_a_multi_worker_mirrored_strategy():
     ({"seed": 2**40}, "`seed` must be an int"),
     ({"cluster_timeout": -1}, "`cluster_timeout` must be a positive"),
     ({"reference_workers": 1}, "only for a nested `codec`"),
+    ({"adaptive": True}, "only for a nested `codec`"),
 ])
 def test_invalid_arguments_name_the_argument_and_value(kwargs, message):
   import ndq_tf  # pylint: disable=g-import-not-at-top
@@ -85,6 +86,14 @@ def test_nested_codec_needs_reference_group():
   with pytest.raises(ValueError, match="pass `reference_codec`"):
     multi_worker.MultiWorkerMirroredStrategy(
         codec=ndq_tf.NestedDitheredCodec())
+
+
+def test_mmse_alpha_needs_the_automatic_mode():
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match="only defined in the adaptive mode"):
+    multi_worker.MultiWorkerMirroredStrategy(
+        codec=ndq_tf.NestedDitheredCodec(alpha="mmse"),
+        reference_codec=ndq_tf.DitheredCodec(num_levels=1), adaptive=False)
 
 
 def test_several_devices_per_worker_sum_locally_and_encode_once():

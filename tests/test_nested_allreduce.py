@@ -402,14 +402,37 @@ def test_compression_stats_logs_the_counted_overload_rate():
     assert history.history["overload_rate"][-1] == rate
 
 
+def test_compression_stats_warns_once_about_frequent_overload():
+  # Fixed mode, replicas' gradients far apart: Δ2 = κ is too small.
+  strategy = MirroredStrategy(codec=_nested(), reference_codec=_reference(),
+                              devices=_devices())
+  keras.utils.set_random_seed(0)
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(32)])
+    model.compile("sgd", "mse")
+  x = np.random.default_rng(0).normal(size=(128, 32)).astype(np.float32)
+  with pytest.warns(RuntimeWarning, match="adaptive=True") as record:
+    history = model.fit(x, x, batch_size=32, epochs=2, verbose=0,
+                        callbacks=[ndq_tf.keras.CompressionStats()])
+  assert min(history.history["overload_rate"]) > 0.01
+  assert sum("overload" in str(w.message) for w in record) == 1
+
+
 # -- Training ----------------------------------------------------------------------
 
 
-def _fit_digits(strategy, data):
+#: Seeds of the digits comparison: Keras' (weights, batch order) and the
+#: dither's. One test sample is 0.22 points, and DQSG alone moves by up to
+#: 0.9 points from seed to seed, so the claim is checked on the mean over
+#: seeds, with every seed reported.
+DIGITS_SEEDS = (1, 2, 3)
+
+
+def _fit_digits(strategy, data, seed=1):
   """The digits recipe of tests/test_mirrored_training.py (shared module);
   checks that the replicas end bitwise identical and the loss finite."""
   _, x_test, _, y_test = data
-  model, history = digits_recipe.fit(strategy, data)
+  model, history = digits_recipe.fit(strategy, data, seed=seed)
   for variable in model.variables:
     copies = [np.atleast_1d(c.numpy()).view(np.uint8)
               for c in variable.value.values]
@@ -423,50 +446,57 @@ def _fit_digits(strategy, data):
 
 @pytest.fixture(scope="module")
 def digits_baseline():
-  """Digits data and DQSG num_levels=3 on all 4 replicas: (data, acc, bits)."""
+  """DQSG num_levels=3 on all 4 replicas: (data, {seed: acc}, bits)."""
   data = digits_recipe.load()
-  dqsg = MirroredStrategy(codec=_reference(), devices=_devices())
-  accuracy = _fit_digits(dqsg, data)
-  ops = dqsg.compressed_all_reduce
-  print(f"\ndqsg num_levels=3: acc {accuracy:.4f}, bits/elt "
-        f"{ops.wire_bits_per_element:.3f}")
+  accuracy = {}
+  for seed in DIGITS_SEEDS:
+    dqsg = MirroredStrategy(codec=_reference(), devices=_devices(), seed=seed)
+    accuracy[seed] = _fit_digits(dqsg, data, seed)
+    ops = dqsg.compressed_all_reduce
+    print(f"\ndqsg num_levels=3 seed {seed}: acc {accuracy[seed]:.4f}, "
+          f"bits/elt {ops.wire_bits_per_element:.3f}")
   return data, accuracy, ops.last_wire_bits
 
 
-def _fit_nested(data, baseline_bits, count, adaptive=False):
+def _fit_nested(data, baseline_bits, count, adaptive, seed):
   strategy = MirroredStrategy(codec=_nested(), reference_codec=_reference(),
                               reference_replicas=count, adaptive=adaptive,
-                              devices=_devices())
-  accuracy = _fit_digits(strategy, data)
+                              devices=_devices(), seed=seed)
+  accuracy = _fit_digits(strategy, data, seed)
   ops = strategy.compressed_all_reduce
   mode = "adaptive" if adaptive else "fixed"
-  print(f"ndqsg {mode} |P1|={count}/4: acc {accuracy:.4f}, bits/elt "
-        f"{ops.wire_bits_per_element:.3f} "
-        f"({1 - ops.last_wire_bits / baseline_bits:.1%} fewer), estimated "
-        f"overload {ops.last_overload_probability:.2e}, fallback "
+  print(f"ndqsg {mode} |P1|={count}/4 seed {seed}: acc {accuracy:.4f}, "
+        f"bits/elt {ops.wire_bits_per_element:.3f} "
+        f"({1 - ops.last_wire_bits / baseline_bits:.1%} fewer), overload "
+        f"counted {ops.last_overload_rate:.2e} (Gaussian "
+        f"{ops.last_overload_probability:.2e}), fallback "
         f"{ops.last_fallback_fraction:.2f}")
   return accuracy, ops.last_wire_bits
 
 
 def test_digits_nested_half_reference_within_half_a_point_of_dqsg(
     digits_baseline):
-  """NDQSG (fixed mode) with half the replicas in P1, and with one of four.
+  """NDQSG, automatic mode, half the replicas in P1; and one of four.
 
-  The seeds are those of tests/test_mirrored_training.py (Keras seed 1,
-  dither seed 0), where the claim holds: 0.9622 against 0.9644 (one test
-  sample is 0.22 points). It does NOT hold for every seed: measured with 8
-  epochs and seeds 2-6 (the same seed for Keras and the dither), the fixed
-  mode is 0.67-1.11 points below DQSG num_levels=3 on all of them, the
-  automatic mode (adaptive=True) 0-0.89 below; the estimated overload
-  probability of the fixed mode is 10-16% per nested element per step
-  (`Δ2 = κ` is small for the spread between replicas' gradients). See the
-  report of issue 4.
+  Measured over seeds 1-6 (scripted in the report of issue 4), against DQSG
+  num_levels=3 on all replicas, at 21.9% fewer bits: the automatic mode
+  MEAN_ADAPTIVE points on average, the fixed mode (`Δ2 = κ`) MEAN_FIXED,
+  its senders counting 13-17% of the nested elements overloaded per step
+  (the replicas' gradients of 32 examples each are too far apart for the
+  fixed coarse cell). The automatic mode counts about 0.2% and sends most
+  buckets as DQSG: on this model nested coding rarely pays, and the mode
+  says so instead of corrupting the gradient.
   """
   data, baseline, baseline_bits = digits_baseline
-  accuracy, bits = _fit_nested(data, baseline_bits, 2)
-  assert accuracy >= baseline - 0.005
-  # All bits counted (lossless small tensors too): reference senders ~2.97
-  # bits/elt, nested ~1.66.
-  assert bits <= 0.8 * baseline_bits
-  # One of four in P1: printed (identical replicas, finite loss checked).
-  _fit_nested(data, baseline_bits, 1)
+  gaps = []
+  for seed in DIGITS_SEEDS:
+    accuracy, bits = _fit_nested(data, baseline_bits, 2, True, seed)
+    gaps.append(accuracy - baseline[seed])
+    # All bits counted (lossless small tensors too): reference senders
+    # ~2.97 bits/elt, nested ~1.66.
+    assert bits <= 0.8 * baseline_bits
+    assert gaps[-1] >= -0.01  # no seed collapses
+  print(f"accuracy - DQSG per seed: {gaps}, mean {np.mean(gaps):+.4f}")
+  assert np.mean(gaps) >= -0.005
+  # One of four in P1: reported (identical replicas, finite loss checked).
+  _fit_nested(data, baseline_bits, 1, True, DIGITS_SEEDS[0])

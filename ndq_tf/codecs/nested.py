@@ -37,9 +37,10 @@ class NestedDitheredCodec(dithered._BucketedCodec):  # pylint: disable=protected
   A bucket of zeros decodes to exact zeros whatever `y` is; a bucket with a
   NaN or Inf decodes to NaN.
 
-  Adaptive mode: `encode(x, seed, noise_scale=σ)`, with `σ` the receivers'
-  estimate of the spread of `x - y` per bucket (e.g. from the previous
-  step's decoded gradients, so that nothing extra is sent), sets the fine
+  Adaptive mode: `encode(x, seed, noise_scale=σ)`, with `σ` the sender's
+  estimate of the spread of `x - y` per bucket (e.g. its own exact noise of
+  the previous step, as the compressed all-reduces use; the receivers need
+  not know it: the step travels in the bucket's scale), sets the fine
   step from the noise instead of the max: `Δ1 = r·σ`, with `r` solved so
   that a Gaussian `z` overloads with probability `overload_target` per
   element (`ndq_tf.theory.auto_nested_step_ratio`). A bucket where that would not beat

@@ -13,7 +13,6 @@ import threading
 import weakref
 
 import keras
-import numpy as np
 import tensorflow as tf
 # `tf.distribute.CrossDeviceOps` returns per-device results as `Mirrored`
 # values, which only the internal modules can build (TF's own subclasses use
@@ -412,9 +411,9 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
       dict) without side information, of `codec`'s `bucket_size`.
     reference_replicas: nested `codec` only: size of P1, an int count
       `>= 1` or a fraction in `(0, 1)`; default 0.5.
-    adaptive: nested `codec` only: encode P2 with the previous call's noise
-      estimate (see "Automatic mode"). None: True iff `codec.alpha` is
-      `"mmse"` (which needs it).
+    adaptive: nested `codec` only: every P2 sender encodes with its own
+      noise of the previous call times its gain (see "Automatic mode").
+      None: True iff `codec.alpha` is `"mmse"` (which needs it).
 
   Raises:
     TypeError: if `codec` or `reference_codec` is not a codec or `fallback`
@@ -523,7 +522,7 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
 
   @property
   def adaptive(self):
-    """Whether the nested senders encode with the estimated `noise_scale`."""
+    """Whether the nested senders encode with their own last noise scale."""
     return self._adaptive
 
   @property
@@ -667,13 +666,15 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
 
   @property
   def last_overload_probability(self):
-    """Nested codecs: estimated overload probability per element, last call.
+    """Nested codecs: Gaussian overload probability per element, last call.
 
-    The mean over the nested buckets (all nested senders) of the Gaussian
-    overload probability `fusion.overload_probability(α, σ̂_b, Δ1, k)`, with
-    the fine step `Δ1` each bucket was sent with and `σ̂_b` the noise scale
-    estimated from that same call's decoded residuals (see the class
-    docstring). NaN without a nested codec; 0 if every bucket fell back.
+    What a Gaussian `z = g_p - y_p` would give: the mean over the nested
+    senders' real elements in nested buckets of
+    `fusion.overload_probability(α, σ_pb, Δ1_pb, k)`, with the fine step
+    `Δ1_pb` each bucket was sent with and `σ_pb` the exact RMS of `z` in
+    that bucket in the same call (measured by the sender). Compare it with
+    the counted `last_overload_rate`: real gradient noise has heavier tails.
+    NaN without a nested codec; 0 if every bucket fell back.
     """
     if not self.needs_reference:
       return float("nan")

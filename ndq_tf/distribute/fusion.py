@@ -46,7 +46,7 @@ decoded with side information = the mean of everything decoded before them,
 so put the reference senders first (the paper's Algorithm 2); this ordering
 rule lives only in `decode_senders`, which can also return the side
 information of every sender (`return_side_information=True`) for the
-adaptive nested mode's noise estimate; `encode_fused(..., noise_scale=σ)`
+nested senders' own noise measurement; `encode_fused(..., noise_scale=σ)`
 passes the per-bucket noise scales to an adaptive nested codec, and
 `wire_scales` reads the per-bucket scales back from a wire (negative: a
 bucket the adaptive codec sent as DQSG). `overload_probability` is
@@ -402,8 +402,8 @@ def decode_senders(codecs, wires, seeds, plan,
     seeds: list of the senders' seeds (same order).
     plan: the `FusionPlan` the senders encoded with.
     return_side_information: also return the side information every sender
-      was decoded with (None for senders that need none), e.g. to estimate
-      the spread of `decoded - side_information` for the adaptive mode.
+      was decoded with (None for senders that need none), e.g. for
+      `nested_sender_statistics`.
 
   Returns:
     A list of 1-D `float32` tensors of `plan.total_size` elements, one per

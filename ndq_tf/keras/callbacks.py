@@ -12,6 +12,10 @@ __all__ = [
 ]
 
 
+#: Fraction of nested elements overloading in one step above which
+#: CompressionStats warns (once).
+OVERLOAD_WARNING = 0.01
+
 # What CompressionStats reads: CompressedAllReduce (MirroredStrategy) and the
 # multi-worker strategy's cross-device ops both provide it.
 _TELEMETRY = ("step", "min_elements", "wire_bits_per_element",
@@ -64,7 +68,8 @@ class CompressionStats(keras.callbacks.Callback):
 
   If a training batch ends without any compressed all-reduce having run,
   a warning says so once: every gradient was below `min_elements`, or
-  TensorFlow bypassed the cross-device ops.
+  TensorFlow bypassed the cross-device ops. Another warns once when more
+  than `OVERLOAD_WARNING` (1%) of the nested elements overloaded in a step.
 
   Example:
 
@@ -101,6 +106,7 @@ class CompressionStats(keras.callbacks.Callback):
     self._prefix = prefix
     self._start_step = None
     self._warned = False
+    self._warned_overload = False
 
   @property
   def cross_device_ops(self):
@@ -161,6 +167,16 @@ class CompressionStats(keras.callbacks.Callback):
       value = getattr(ops, "last_" + key, math.nan)
       if math.isfinite(value):
         logs[self._prefix + key] = value
+    rate = getattr(ops, "last_overload_rate", math.nan)
+    if rate > OVERLOAD_WARNING and not self._warned_overload:
+      self._warned_overload = True
+      warnings.warn(
+          f"CompressionStats: {rate:.1%} of the nested elements decoded "
+          f"wrong in the last step (overload: off by a coarse step, silently "
+          f"for the receivers). The coarse cell is too small for the spread "
+          f"between replicas' gradients: use the automatic mode "
+          f"(adaptive=True), a larger coarse_ratio or num_levels, or more "
+          f"replicas in the reference group.", RuntimeWarning, stacklevel=2)
 
   def on_train_batch_end(self, batch, logs=None):
     self._add(logs)
