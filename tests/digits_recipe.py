@@ -20,10 +20,11 @@ def load():
       x, data.target, test_size=0.25, random_state=0, stratify=data.target)
 
 
-def fit(strategy, data, seed=1):
+def fit(strategy, data, seed=1, callbacks=None):
   """Trains the recipe's model under `strategy`; returns `(model, history)`.
 
   `seed` sets Keras' seed (initial weights, batch order); 1 by default.
+  `callbacks` go to `model.fit`.
   """
   x_train, _, y_train, _ = data
   keras.utils.set_random_seed(seed)
@@ -37,5 +38,5 @@ def fit(strategy, data, seed=1):
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
   history = model.fit(x_train, y_train, batch_size=128, epochs=8,
-                      shuffle=True, verbose=0)
+                      shuffle=True, verbose=0, callbacks=callbacks)
   return model, history

@@ -478,14 +478,16 @@ def test_digits_nested_half_reference_within_half_a_point_of_dqsg(
     digits_baseline):
   """NDQSG, automatic mode, half the replicas in P1; and one of four.
 
-  Measured over seeds 1-6 (scripted in the report of issue 4), against DQSG
-  num_levels=3 on all replicas, at 21.9% fewer bits: the automatic mode
-  MEAN_ADAPTIVE points on average, the fixed mode (`Δ2 = κ`) MEAN_FIXED,
-  its senders counting 13-17% of the nested elements overloaded per step
-  (the replicas' gradients of 32 examples each are too far apart for the
-  fixed coarse cell). The automatic mode counts about 0.2% and sends most
-  buckets as DQSG: on this model nested coding rarely pays, and the mode
-  says so instead of corrupting the gradient.
+  Measured over seeds 1-6 by benchmarks/nested_digits.py
+  (docs/nested_digits.md), against DQSG num_levels=3 on all replicas, at
+  21.9% fewer bits: the automatic mode 0.33 points below on average
+  (within 0.5 points on 5 of 6 seeds), the fixed mode (`Δ2 = κ`) 0.78
+  below (1 of 6), its senders counting 14% of the nested elements
+  overloaded per step: the replicas' gradients of 32 examples each are too
+  far apart for the fixed coarse cell. The automatic mode counts 0.3% and
+  sends 96% of the buckets as DQSG: on this model nested coding rarely
+  pays, and the mode says so instead of corrupting the gradient (ternary
+  DQSG on all replicas: 0.63 below). Seeds 1-3 here: -0.44, 0, -0.22.
   """
   data, baseline, baseline_bits = digits_baseline
   gaps = []
@@ -495,7 +497,9 @@ def test_digits_nested_half_reference_within_half_a_point_of_dqsg(
     # All bits counted (lossless small tensors too): reference senders
     # ~2.97 bits/elt, nested ~1.66.
     assert bits <= 0.8 * baseline_bits
-    assert gaps[-1] >= -0.01  # no seed collapses
+    # No seed collapses: DQSG itself moves by up to 0.9 points between
+    # seeds, so one seed may miss the 0.5 (5 of 6 did not).
+    assert gaps[-1] >= -0.01
   print(f"accuracy - DQSG per seed: {gaps}, mean {np.mean(gaps):+.4f}")
   assert np.mean(gaps) >= -0.005
   # One of four in P1: reported (identical replicas, finite loss checked).

@@ -698,8 +698,8 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
     Ground truth, not an estimate: every nested sender, which knows its own
     gradient, decodes its own wire with the side information every replica
     uses and counts the elements that came out off by a multiple of the
-    coarse step (`fusion.count_overloads`); summed over the nested senders,
-    real elements of nested buckets only. 0 without a nested codec.
+    coarse step (`fusion.nested_sender_statistics`); summed over the nested
+    senders, real elements of nested buckets only. 0 without a nested codec.
     """
     if not self.needs_reference:
       return 0
