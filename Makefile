@@ -12,8 +12,9 @@ SHARED := ../shared
 PYTEST_ARGS ?= -n 2 --dist loadfile -q
 BAZEL_TARGETS ?= //...
 # The quick benchmarks. Not here: benchmarks/multi_worker_link.py (needs root
-# for network namespaces) and benchmarks/paper_experiment.py (30+ minutes per
-# seed, resumable); see docs/benchmarks.md and docs/results.md.
+# for network namespaces), benchmarks/paper_experiment.py (30+ minutes per
+# seed, resumable) and benchmarks/nested_digits.py (about 10 minutes); see
+# docs/benchmarks.md, docs/results.md and docs/nested_digits.md.
 BENCHMARKS := benchmarks/codec_throughput.py benchmarks/mirrored_step.py \
 	benchmarks/nested_tradeoff.py
 

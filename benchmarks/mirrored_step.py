@@ -42,6 +42,10 @@ _LAYERS = flags.DEFINE_list("layers", ["784", "1024", "512", "10"],
 _STEPS_PER_ROUND = 5
 _MIN_ELEMENTS = flags.DEFINE_integer(
     "min_elements", None, "CompressedAllReduce min_elements (default: its).")
+_ADAPTIVE = flags.DEFINE_bool(
+    "adaptive", False,
+    "Nested codecs (ndqsg...): the automatic mode. They get half the "
+    "replicas as reference group, sending dqsg:num_levels=3.")
 
 
 def split_cpu(replicas):
@@ -133,9 +137,13 @@ def main(argv):
     kwargs["min_elements"] = _MIN_ELEMENTS.value
   for spec in _CODECS.value:
     codec = ndq_tf.codecs.get(spec)
+    nested = {}
+    if codec.needs_side_information:
+      nested = {"reference_codec": ndq_tf.DitheredCodec(num_levels=3),
+                "reference_replicas": 0.5, "adaptive": _ADAPTIVE.value}
     try:
-      strategy = ndq_tf.distribute.MirroredStrategy(codec=codec,
-                                                    devices=devices, **kwargs)
+      strategy = ndq_tf.distribute.MirroredStrategy(
+          codec=codec, devices=devices, **kwargs, **nested)
     except (TypeError, ValueError) as e:
       print(f"{spec}: skipped ({e})")
       continue

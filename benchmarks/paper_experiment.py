@@ -17,6 +17,7 @@ per epoch, once per gradient codec:
   ndqsg33a   the same in the automatic mode (adaptive=True): steps from
              each nested sender's own noise, DQSG fallback where nesting
              would not pay
+  ndqsg33a_p1  the automatic mode with one replica in the reference group
   qsgd       QSGDCodec(num_levels=1, bucket_size=512)
   terngrad   TernGradCodec(bucket_size=512)
 
@@ -82,12 +83,24 @@ RUNS = collections.OrderedDict([
     ("ndqsg33a", ("NDQSG (3,3) adaptive",
                   "ndqsg:num_levels=3,coarse_ratio=3,bucket_size=512",
                   "dqsg:num_levels=3,bucket_size=512")),
+    ("ndqsg33a_p1", ("NDQSG (3,3) adaptive, P1 = 1",
+                     "ndqsg:num_levels=3,coarse_ratio=3,bucket_size=512",
+                     "dqsg:num_levels=3,bucket_size=512")),
     ("qsgd", ("QSGD s=1", "qsgd:num_levels=1,bucket_size=512", None)),
     ("terngrad", ("TernGrad", "terngrad:bucket_size=512", None)),
 ])
 
 #: Runs whose nested senders use the automatic mode (`adaptive=True`).
-ADAPTIVE_RUNS = frozenset({"ndqsg33a"})
+ADAPTIVE_RUNS = frozenset({"ndqsg33a", "ndqsg33a_p1"})
+#: Runs with one reference replica (the others: half the replicas).
+ONE_REFERENCE_RUNS = frozenset({"ndqsg33a_p1"})
+
+
+def reference_replicas(run, num_replicas):
+  """Size of the reference group of a nested run (0 for the others)."""
+  if RUNS[run][2] is None:
+    return 0
+  return 1 if run in ONE_REFERENCE_RUNS else num_replicas // 2
 
 _RUNS = flags.DEFINE_list("runs", list(RUNS),
                           f"Runs, a subset of {list(RUNS)}.")
@@ -197,7 +210,7 @@ def make_strategy(run, seed, devices):
   kwargs = {"seed": seed}
   if reference is not None:
     kwargs["reference_codec"] = ndq_tf.codecs.get(reference)
-    kwargs["reference_replicas"] = len(devices) // 2
+    kwargs["reference_replicas"] = reference_replicas(run, len(devices))
     if run in ADAPTIVE_RUNS:
       kwargs["adaptive"] = True
   try:
@@ -343,7 +356,7 @@ def train_one(run, seed, devices, data):
       "description": description,
       "codec": spec,
       "reference_codec": reference,
-      "reference_replicas": (len(devices) // 2) if reference else 0,
+      "reference_replicas": reference_replicas(run, len(devices)),
       "seed": seed,
       "config": config_key(),
       "dataset": _DATASET.value,
