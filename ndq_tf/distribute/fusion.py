@@ -559,35 +559,54 @@ def nested_sender_statistics(codec, wire, values, side_information, decoded,
     raise ValueError(
         f"`nested_sender_statistics` needs a nested codec (with side "
         f"information). Received: codec={codec!r}.")
-  d = plan.bucket_size
-  num_buckets = plan.total_size // d
-  shape = [num_buckets, d]
   scales = wire_scales(codec, wire, plan)
-  alpha = float(codec.adaptive_alpha)
-  k = codec.coarse_ratio
-  fine = tf.abs(scales) / codec.num_levels
-  y = tf.reshape(side_information, shape)
-  z = tf.reshape(tf.cast(values, tf.float32), shape) - y
-  residual = tf.reshape(decoded, shape) - y
-  real = tf.reshape(plan.padding_mask(), shape)
-  counts = tf.constant(plan.bucket_counts().astype(np.float32))
-  noise_scale = tf.sqrt(tf.reduce_sum(real * tf.square(z), axis=1) / counts)
-  j = tf.round(tf.math.divide_no_nan(alpha * alpha * z - residual,
-                                     (alpha * k) * fine[:, None]))
-  nested = scales > 0
-  in_nested = nested[:, None] & (real > 0)
-  wrong = in_nested & tf.not_equal(j, 0.0)
-  probability = overload_probability(alpha, noise_scale, fine, k)
-  probability = tf.where(nested & tf.math.is_finite(probability),
-                         probability, tf.zeros_like(probability))
-  return {
-      "noise_scale": noise_scale,
-      "overloads": tf.reduce_sum(tf.cast(wrong, tf.int64)),
-      "nested_elements": tf.reduce_sum(tf.cast(in_nested, tf.int64)),
-      "expected_overloads": tf.reduce_sum(
-          probability * tf.cast(counts, tf.float64)),
-      "fallback_buckets": tf.reduce_sum(tf.cast(scales < 0, tf.int64)),
-  }
+  kernel = _statistics_kernel(float(codec.adaptive_alpha), codec.coarse_ratio,
+                              codec.num_levels, plan.bucket_size)
+  counts = plan.bucket_counts()
+  (noise_scale, overloads, nested_elements, expected,
+   fallback) = kernel(tf.cast(values, tf.float32), side_information, decoded,
+                      scales, plan.padding_mask(),
+                      tf.constant(counts.astype(np.float32)))
+  return {"noise_scale": noise_scale, "overloads": overloads,
+          "nested_elements": nested_elements,
+          "expected_overloads": expected, "fallback_buckets": fallback}
+
+
+_STATISTICS_KERNELS = {}
+
+
+def _statistics_kernel(alpha, k, num_levels, d):
+  """The XLA-compiled body of `nested_sender_statistics` (one fused pass)."""
+  key = (alpha, k, num_levels, d)
+  kernel = _STATISTICS_KERNELS.get(key)
+  if kernel is not None:
+    return kernel
+
+  def statistics(values, side_information, decoded, scales, real, counts):
+    shape = [-1, d]
+    fine = tf.abs(scales) / num_levels
+    y = tf.reshape(side_information, shape)
+    z = tf.reshape(values, shape) - y
+    residual = tf.reshape(decoded, shape) - y
+    real = tf.reshape(real, shape)
+    noise_scale = tf.sqrt(tf.reduce_sum(real * tf.square(z), axis=1) / counts)
+    j = tf.round(tf.math.divide_no_nan(alpha * alpha * z - residual,
+                                       (alpha * k) * fine[:, None]))
+    nested = scales > 0
+    in_nested = nested[:, None] & (real > 0)
+    wrong = in_nested & tf.not_equal(j, 0.0)
+    probability = overload_probability(alpha, noise_scale, fine, k)
+    probability = tf.where(nested & tf.math.is_finite(probability),
+                           probability, tf.zeros_like(probability))
+    return (noise_scale,
+            tf.reduce_sum(tf.cast(wrong, tf.int64)),
+            tf.reduce_sum(tf.cast(in_nested, tf.int64)),
+            tf.reduce_sum(probability * tf.cast(counts, tf.float64)),
+            tf.reduce_sum(tf.cast(scales < 0, tf.int64)))
+
+  kernel = tf.function(statistics, jit_compile=True, autograph=False)
+  _STATISTICS_KERNELS[key] = kernel
+  return kernel
 
 
 def overload_probability(alpha, sigma, fine_step, coarse_ratio):
