@@ -191,18 +191,20 @@ def test_nested_group_two_workers_bitwise_identical(tmp_path, adaptive):
                                    32 * multi_worker.HEADER_WORDS)
   # Telemetry is the worker's own: none on the reference worker.
   assert np.all(np.isnan(results[0]["fallback"]))
-  assert np.isnan(results[0]["noise_gain"])
+  assert np.all(np.isnan(results[0]["noise_gain"]))
   fallback = results[1]["fallback"]
   print(f"adaptive={adaptive}: fallback per step {fallback}, overload rate "
         f"{float(results[1]['overload_rate']):.2e} (Gaussian "
         f"{float(results[1]['overload_probability']):.2e}), gain "
-        f"{float(results[1]['noise_gain']):.3f}")
+        f"{results[1]['noise_gain']}")
   if adaptive:
     # No noise known at the first exchange: every bucket falls back; then
     # the worker's own measured noise lets some buckets nest.
     assert fallback[0] == 1.0 and min(fallback[1:]) < 1.0
-    gain = float(results[1]["noise_gain"])
-    assert 1.25**-9 <= gain <= 1.25**9  # at most 1.25x per exchange
+    gain = results[1]["noise_gain"]  # one per bucket
+    # Within NOISE_GAIN_RANGE, and at most 0.8x down per exchange over the
+    # 9 exchanges after the first.
+    assert np.all((gain >= 0.8**9 * 0.999) & (gain <= 16.0))
   else:
     assert np.all(fallback == 0.0)  # the fixed mode never falls back
     assert np.isfinite(float(results[1]["overload_rate"]))

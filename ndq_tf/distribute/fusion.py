@@ -60,6 +60,7 @@ import numpy as np
 import tensorflow as tf
 
 from ndq_tf import ops as ndq_ops
+from ndq_tf import theory
 
 __all__ = [
     "FusionPlan",
@@ -518,7 +519,7 @@ def wire_scales(codec, wire, plan):
 
 
 def nested_sender_statistics(codec, wire, values, side_information, decoded,
-                             plan):
+                             plan, noise_scale=None):
   """What a nested sender learns by decoding its own wire, with ground truth.
 
   Overload is silent at the receivers, but the sender knows its own gradient
@@ -539,6 +540,9 @@ def nested_sender_statistics(codec, wire, values, side_information, decoded,
     side_information: the fused side information it was decoded with.
     decoded: its decoded fused buffer (`decode_senders`).
     plan: the `FusionPlan` (with buckets).
+    noise_scale: adaptive mode: the `float32` `[num_buckets]` noise scales
+      the sender encoded this call with (`encode_fused`), for
+      `bucket_overloads`; None otherwise.
 
   Returns:
     A dict of tensors:
@@ -550,7 +554,15 @@ def nested_sender_statistics(codec, wire, values, side_information, decoded,
     * `expected_overloads`: `float64`, the Gaussian prediction of
       `overloads` from this call's `noise_scale` and steps (the sum over
       nested buckets of `count·overload_probability(α, σ_b, δ1_b, k)`);
-    * `fallback_buckets`: `int64`, buckets sent as DQSG.
+    * `fallback_buckets`: `int64`, buckets sent as DQSG;
+    * `bucket_overloads`: `float32` `[num_buckets]`, with `noise_scale`:
+      for every bucket, nested or not, the overloads its real elements
+      would have had on average over the dither at the adaptive step
+      `δ1_b = r·noise_scale_b` (`r = theory.auto_nested_step_ratio`), given
+      the exact `z`: `Σ_i clip((α|z_i| - (k - 1)·δ1_b/2)/δ1_b, 0, 1)`
+      (the probability that `|α·z_i + e| >= k·δ1_b/2` for
+      `e ~ U[-δ1_b/2, δ1_b/2]`); NaN where that step is not positive and
+      finite. All NaN without `noise_scale`.
 
   Raises:
     ValueError: if `codec` is not nested or the plan has no buckets.
@@ -560,29 +572,38 @@ def nested_sender_statistics(codec, wire, values, side_information, decoded,
         f"`nested_sender_statistics` needs a nested codec (with side "
         f"information). Received: codec={codec!r}.")
   scales = wire_scales(codec, wire, plan)
-  kernel = _statistics_kernel(float(codec.adaptive_alpha), codec.coarse_ratio,
-                              codec.num_levels, plan.bucket_size)
+  alpha = float(codec.adaptive_alpha)
+  kernel = _statistics_kernel(
+      alpha, codec.coarse_ratio, codec.num_levels, plan.bucket_size,
+      theory.auto_nested_step_ratio(codec.coarse_ratio,
+                                    codec.overload_target, alpha))
   counts = plan.bucket_counts()
-  (noise_scale, overloads, nested_elements, expected,
-   fallback) = kernel(tf.cast(values, tf.float32), side_information, decoded,
-                      scales, plan.padding_mask(),
-                      tf.constant(counts.astype(np.float32)))
-  return {"noise_scale": noise_scale, "overloads": overloads,
+  num_buckets = plan.total_size // plan.bucket_size
+  if noise_scale is None:
+    noise_scale = tf.fill([num_buckets], float("nan"))
+  (sigma, overloads, nested_elements, expected, fallback,
+   bucket_overloads) = kernel(
+       tf.cast(values, tf.float32), side_information, decoded, scales,
+       plan.padding_mask(), tf.constant(counts.astype(np.float32)),
+       tf.cast(noise_scale, tf.float32))
+  return {"noise_scale": sigma, "overloads": overloads,
           "nested_elements": nested_elements,
-          "expected_overloads": expected, "fallback_buckets": fallback}
+          "expected_overloads": expected, "fallback_buckets": fallback,
+          "bucket_overloads": bucket_overloads}
 
 
 _STATISTICS_KERNELS = {}
 
 
-def _statistics_kernel(alpha, k, num_levels, d):
+def _statistics_kernel(alpha, k, num_levels, d, ratio):
   """The XLA-compiled body of `nested_sender_statistics` (one fused pass)."""
-  key = (alpha, k, num_levels, d)
+  key = (alpha, k, num_levels, d, ratio)
   kernel = _STATISTICS_KERNELS.get(key)
   if kernel is not None:
     return kernel
 
-  def statistics(values, side_information, decoded, scales, real, counts):
+  def statistics(values, side_information, decoded, scales, real, counts,
+                 used):
     shape = [-1, d]
     fine = tf.abs(scales) / num_levels
     y = tf.reshape(side_information, shape)
@@ -598,11 +619,21 @@ def _statistics_kernel(alpha, k, num_levels, d):
     probability = overload_probability(alpha, noise_scale, fine, k)
     probability = tf.where(nested & tf.math.is_finite(probability),
                            probability, tf.zeros_like(probability))
+    # The adaptive step of every bucket, and its overloads on average over
+    # the dither given the exact z.
+    step = ratio * used
+    usable = tf.math.is_finite(step) & (step > 0)
+    safe = tf.where(usable, step, tf.ones_like(step))[:, None]
+    per_element = tf.clip_by_value(
+        (alpha * tf.abs(z) - (k - 1) * safe / 2.0) / safe, 0.0, 1.0)
+    would = tf.reduce_sum(real * per_element, axis=1)
+    would = tf.where(usable, would, tf.fill(tf.shape(would), float("nan")))
     return (noise_scale,
             tf.reduce_sum(tf.cast(wrong, tf.int64)),
             tf.reduce_sum(tf.cast(in_nested, tf.int64)),
             tf.reduce_sum(probability * tf.cast(counts, tf.float64)),
-            tf.reduce_sum(tf.cast(scales < 0, tf.int64)))
+            tf.reduce_sum(tf.cast(scales < 0, tf.int64)),
+            would)
 
   kernel = tf.function(statistics, jit_compile=True, autograph=False)
   _STATISTICS_KERNELS[key] = kernel

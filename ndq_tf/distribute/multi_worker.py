@@ -154,7 +154,7 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
     self._seed = seed
     self._adaptive = adaptive
     # This worker's noise state per fused buffer size (`buckets_<n>`):
-    # `(noise_scale [n], gain [])`, local (each worker knows only its own
+    # `(noise_scale [n], gain [n])`, local (each worker knows only its own
     # gradient), created on first use. Not checkpointed: after a restart the
     # first exchange falls back to DQSG and the gain starts again at 1.
     self._noise_state = {}
@@ -287,7 +287,8 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
     """`(noise_scale, noise_gain)` variables of a buffer, or None.
 
     This worker's exact RMS of `z = g - y` per bucket in the last exchange
-    and its gain (`ndq_tf.distribute.cross_device_ops.next_noise_gain`).
+    and its gains (`ndq_tf.distribute.cross_device_ops.next_noise_gain`),
+    both `float32` `[num_buckets]`.
     """
     return self._noise_state.get(f"buckets_{int(num_buckets)}")
 
@@ -300,7 +301,8 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
         self._noise_state[key] = (
             tf.Variable(tf.fill([int(num_buckets)], math.nan),
                         trainable=False, name=f"ndq_noise_scale_{key}"),
-            tf.Variable(1.0, trainable=False, name=f"ndq_noise_gain_{key}"))
+            tf.Variable(tf.ones([int(num_buckets)]), trainable=False,
+                        name=f"ndq_noise_gain_{key}"))
     return self._noise_state[key]
 
   def batch_reduce_implementation(self, reduce_op, value_destination_pairs,
@@ -435,7 +437,7 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
           updates = self._update_noise(
               fusion.nested_sender_statistics(
                   my_codec, wires[me], plan.flatten(local), side[me],
-                  decoded[me], plan),
+                  decoded[me], plan, noise_scale=noise_scale),
               sigma_variable, gain_variable, plan)
         summed = fusion.sum_decoded(decoded, plan)
         if reduce_op == reduce_util.ReduceOp.MEAN:
@@ -452,8 +454,9 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
     ]
     if self._adaptive:
       updates.append(gain_variable.assign(cross_device_ops_ndq.next_noise_gain(
-          gain_variable.read_value(), statistics["overloads"],
-          statistics["nested_elements"], float(self._codec.overload_target))))
+          gain_variable.read_value(), statistics["bucket_overloads"],
+          tf.constant(plan.bucket_counts().astype("float32")),
+          float(self._codec.overload_target))))
     for key in ("overloads", "nested_elements", "expected_overloads",
                 "fallback_buckets"):
       updates.append(t[key].assign(statistics[key]))
@@ -664,8 +667,8 @@ class MultiWorkerMirroredStrategy(
       iff `codec.alpha == "mmse"`): every nested worker encodes with its
       own noise of the previous exchange, the exact RMS of `z = g - y` per
       bucket (it knows its gradient `g` and decodes its own payload with
-      the side information `y` every worker uses), times a gain fed back
-      from its own counted overloads (`cross_device_ops.next_noise_gain`).
+      the side information `y` every worker uses), times a per-bucket gain
+      fed back from its own overloads (`cross_device_ops.next_noise_gain`).
       Only the steps it picks travel, in the payload's scales: nothing
       else is sent. The noise state is the worker's own and is not
       checkpointed: after a restart the first exchange falls back to DQSG.

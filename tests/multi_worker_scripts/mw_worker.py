@@ -189,10 +189,10 @@ def main():
       fallback=np.asarray(record.get("fallback", []), np.float64),
       overload_rate=np.float64(ops.last_overload_rate),
       overload_probability=np.float64(ops.last_overload_probability),
-      noise_gain=np.float64(
+      noise_gain=(
           ops.noise_state(INPUTS * HIDDEN // codec.bucket_size)[1].numpy()
           if ops.noise_state(INPUTS * HIDDEN // codec.bucket_size) else
-          np.nan))
+          np.full([1], np.nan)))
   print("RESULT " + json.dumps({
       "worker": worker,
       "step_after": int(strategy.compression_step.numpy()),
