@@ -69,7 +69,8 @@ class CompressionStats(keras.callbacks.Callback):
   If a training batch ends without any compressed all-reduce having run,
   a warning says so once: every gradient was below `min_elements`, or
   TensorFlow bypassed the cross-device ops. Another warns once when more
-  than `OVERLOAD_WARNING` (1%) of the nested elements overloaded in a step.
+  than `OVERLOAD_WARNING` (1%) of the nested elements overloaded in a step
+  of the fixed mode (the automatic mode adjusts its steps itself).
 
   Example:
 
@@ -168,7 +169,10 @@ class CompressionStats(keras.callbacks.Callback):
       if math.isfinite(value):
         logs[self._prefix + key] = value
     rate = getattr(ops, "last_overload_rate", math.nan)
-    if rate > OVERLOAD_WARNING and not self._warned_overload:
+    # The automatic mode reacts to overloads itself (its first steps, and a
+    # step whose noise jumps, overload more): warn about the fixed mode.
+    if (rate > OVERLOAD_WARNING and not getattr(ops, "adaptive", False)
+        and not self._warned_overload):
       self._warned_overload = True
       warnings.warn(
           f"CompressionStats: {rate:.1%} of the nested elements decoded "
