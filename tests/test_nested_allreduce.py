@@ -182,6 +182,14 @@ class TestArguments:
                 for s in sigmas]
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-9, atol=1e-300)
 
+  def test_noise_scale_envelope(self):
+    nan = float("nan")
+    got = cdo.next_noise_scale(tf.constant([nan, 1.0, 1.0, 1.0, 2.0]),
+                               tf.constant([0.5, 2.0, 0.5, nan, 1.0]))
+    memory = cdo.NOISE_MEMORY
+    np.testing.assert_allclose(
+        got.numpy(), [0.5, 2.0, memory, nan, 2 * memory], rtol=1e-6)
+
   def test_noise_gain_feedback(self):
     """`next_noise_gain`: per bucket, up while overloading, down while not."""
     target = 1e-4

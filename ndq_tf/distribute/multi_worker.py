@@ -448,8 +448,12 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
   def _update_noise(self, statistics, sigma_variable, gain_variable, plan):
     """Stores this nested worker's noise, gain and telemetry; the ops."""
     t = self._nested_telemetry
+    measured = statistics["noise_scale"]
+    if self._adaptive:
+      measured = cross_device_ops_ndq.next_noise_scale(
+          sigma_variable.read_value(), measured)
     updates = [
-        sigma_variable.assign(statistics["noise_scale"]),
+        sigma_variable.assign(measured),
         t["buckets"].assign(plan.total_size // plan.bucket_size),
     ]
     if self._adaptive:
@@ -667,8 +671,10 @@ class MultiWorkerMirroredStrategy(
       iff `codec.alpha == "mmse"`): every nested worker encodes with its
       own noise of the previous exchange, the exact RMS of `z = g - y` per
       bucket (it knows its gradient `g` and decodes its own payload with
-      the side information `y` every worker uses), times a per-bucket gain
-      fed back from its own overloads (`cross_device_ops.next_noise_gain`).
+      the side information `y` every worker uses; an envelope over the
+      exchanges, `cross_device_ops.next_noise_scale`), times a per-bucket
+      gain fed back from its own overloads
+      (`cross_device_ops.next_noise_gain`).
       Only the steps it picks travel, in the payload's scales: nothing
       else is sent. The noise state is the worker's own and is not
       checkpointed: after a restart the first exchange falls back to DQSG.
