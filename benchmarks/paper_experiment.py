@@ -860,9 +860,15 @@ def write_report(output_dir, report_dir):
           f"only, per all {r['parameters']:,} parameters). "
           + ("The automatic mode (`adaptive=True`). " if r.get("adaptive")
              else "")
-          + (f"Estimated overload probability of the nested elements "
-             f"(`last_overload_probability`, mean over the steps): "
-             f"{statistics.mean(overload):.2%}" if overload else "")
+          + ((f"Gaussian overload probability of the nested elements at "
+              f"the measured noise (`last_overload_probability`, mean over "
+              f"the steps): {statistics.mean(overload):.2%}" if counted else
+              f"Overload probability of the nested elements estimated by "
+              f"the receivers from the decoded residuals (the estimator of "
+              f"ndq_tf before the senders counted their overloads; it "
+              f"misses them, as an overloaded element folds back into the "
+              f"coarse cell and looks small), mean over the steps: "
+              f"{statistics.mean(overload):.2%}") if overload else "")
           + (f"; counted by the senders (`last_overload_rate`): "
              f"{statistics.mean(counted):.2%}" if counted else "")
           + (f"; buckets sent as DQSG instead (`last_fallback_fraction`): "
