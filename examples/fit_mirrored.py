@@ -9,7 +9,8 @@ NDQSG (the paper's Algorithm 2) needs a reference group: the first
 `--reference_replicas` replicas (default half of them) send DQSG with
 `num_levels=3`, the others nested codes (`log2 coarse_ratio` bits per
 element), decoded with the mean of the gradients decoded before them as side
-information. Its bits per element average both groups; the overload rate
+information, in the automatic mode unless `--noadaptive` (see the README).
+Its bits per element average both groups; the overload rate
 of the last step (the fraction of nested elements decoded off by a coarse
 step, silently for the receivers, but counted by their senders) is printed
 too, next to what a Gaussian noise of the measured size would give.
@@ -21,7 +22,7 @@ Examples:
   python examples/fit_mirrored.py --codec=qsgd --codec=terngrad --epochs=5
   python examples/fit_mirrored.py --codec=ndqsg:coarse_ratio=3 \
       --reference_replicas=1
-  python examples/fit_mirrored.py --codec=ndqsg --adaptive  # automatic mode
+  python examples/fit_mirrored.py --codec=ndqsg --noadaptive  # fixed mode
 
 Without GPUs, the CPU is split into `--replicas` logical devices (data
 parallelism is simulated on one machine; the bytes counted are those that
@@ -62,10 +63,11 @@ _REFERENCE_REPLICAS = flags.DEFINE_float(
     "Nested codecs only: replicas (a count, or a fraction if < 1) that send "
     "the reference codec (DQSG num_levels=3) decoded first.")
 _ADAPTIVE = flags.DEFINE_bool(
-    "adaptive", False,
+    "adaptive", True,
     "Nested codecs only: the automatic mode (CompressedAllReduce(adaptive="
-    "True)): the nested replicas size their fine step per bucket from the "
-    "previous step's decoded statistics.")
+    "True)): each nested replica sizes its fine step per bucket from its own "
+    "measured noise, or sends the bucket as DQSG. --noadaptive: the paper's "
+    "fixed parameters.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and the dither.")
 
 
