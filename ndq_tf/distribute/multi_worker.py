@@ -287,8 +287,9 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
     """`(noise_scale, noise_gain)` variables of a buffer, or None.
 
     This worker's exact RMS of `z = g - y` per bucket in the last exchange
-    and its gains (`ndq_tf.distribute.cross_device_ops.next_noise_gain`),
-    both `float32` `[num_buckets]`.
+    (in the adaptive mode its envelope over the exchanges,
+    `ndq_tf.distribute.cross_device_ops.next_noise_scale`) and its gains
+    (`next_noise_gain`), both `float32` `[num_buckets]`.
     """
     return self._noise_state.get(f"buckets_{int(num_buckets)}")
 
