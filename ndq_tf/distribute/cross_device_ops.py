@@ -282,6 +282,34 @@ def next_noise_gain(gain, bucket_overloads, bucket_elements, target):
   return tf.clip_by_value(gain * factor, *NOISE_GAIN_RANGE)
 
 
+def next_noise_state(noise_scale, gain, statistics, plan, target, adaptive):
+  """One nested sender's noise scales and gains after a call.
+
+  Shared by `CompressedAllReduce` and the multi-worker strategy. The fixed
+  mode keeps the measured RMS and leaves the gains alone; the adaptive
+  mode keeps the envelope (`next_noise_scale`) and feeds the gains back
+  (`next_noise_gain`).
+
+  Args:
+    noise_scale: `float32` `[num_buckets]`, the sender's previous scales.
+    gain: `float32` `[num_buckets]`, its previous gains.
+    statistics: its `fusion.nested_sender_statistics` of this call.
+    plan: the `FusionPlan`.
+    target: the codec's `overload_target`.
+    adaptive: whether the sender is in the adaptive mode.
+
+  Returns:
+    `(noise_scale, gain)`, the new values.
+  """
+  measured = statistics["noise_scale"]
+  if not adaptive:
+    return measured, gain
+  counts = tf.constant(plan.bucket_counts().astype("float32"))
+  return (next_noise_scale(noise_scale, measured),
+          next_noise_gain(gain, statistics["bucket_overloads"], counts,
+                          target))
+
+
 def _base_seed(seed):
   if isinstance(seed, bool) or not isinstance(seed, int) or not (
       -2**31 <= seed < 2**31):
@@ -967,11 +995,12 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
 
     # Senders are indexed by replica (the order of `devices`), and decoded
     # in that order by every destination (fusion.decode_senders).
-    wires = []
+    wires, fused = [], []
     for s, device in enumerate(devices):
       with tf.device(device):
-        wires.append(fusion.encode_fused(
-            codecs[s], per_sender[s], seeds[s], plan,
+        fused.append(plan.flatten(per_sender[s]))
+        wires.append(fusion.encode_flat(
+            codecs[s], fused[s], seeds[s], plan,
             noise_scale=(noise_scale[s] if noise_scale is not None
                          and s in nested else None)))
 
@@ -990,7 +1019,7 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
           # exact noise and real overloads (only [num_buckets] floats and
           # a few scalars leave the device).
           statistics[d] = fusion.nested_sender_statistics(
-              codecs[d], received[d], plan.flatten(per_sender[d]), side[d],
+              codecs[d], received[d], fused[d], side[d],
               decoded[d], plan,
               noise_scale=None if noise_scale is None else noise_scale[d])
         else:
@@ -1019,20 +1048,16 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
     num_buckets = plan.total_size // plan.bucket_size
     target = float(self._codec.overload_target)
     with tf.device(sigma_variable.device):
-      nan_row = tf.fill([num_buckets], math.nan)
-      measured = tf.stack([
-          statistics[p]["noise_scale"] if p in statistics else nan_row
-          for p in range(num_senders)])
-      if self._adaptive:
-        measured = next_noise_scale(sigma_variable.read_value(), measured)
-      sigma_variable.assign(measured)
-      if self._adaptive:
-        gains = gain_variable.read_value()
-        counts = tf.constant(plan.bucket_counts().astype("float32"))
-        gain_variable.assign(tf.stack([
-            next_noise_gain(gains[p], statistics[p]["bucket_overloads"],
-                            counts, target)
-            if p in statistics else gains[p] for p in range(num_senders)]))
+      sigmas = sigma_variable.read_value()
+      gains = gain_variable.read_value()
+      # Reference senders' rows: NaN scales, gains unchanged.
+      rows = [next_noise_state(sigmas[p], gains[p], statistics[p], plan,
+                               target, self._adaptive)
+              if p in statistics else
+              (tf.fill([num_buckets], math.nan), gains[p])
+              for p in range(num_senders)]
+      sigma_variable.assign(tf.stack([sigma for sigma, _ in rows]))
+      gain_variable.assign(tf.stack([gain for _, gain in rows]))
       total = {key: tf.add_n([statistics[p][key] for p in nested])
                for key in ("overloads", "nested_elements",
                            "expected_overloads", "fallback_buckets")}

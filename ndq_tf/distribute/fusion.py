@@ -67,6 +67,7 @@ __all__ = [
     "decode_senders",
     "decode_sum",
     "derive_seed",
+    "encode_flat",
     "encode_fused",
     "nested_sender_statistics",
     "overload_probability",
@@ -342,11 +343,31 @@ def encode_fused(codec, tensors, seed, plan=None, noise_scale=None):
   if plan is None:
     plan = FusionPlan.from_tensors(tensors, codec.bucket_size)
   _check_plan(codec, plan)
+  return encode_flat(codec, plan.flatten(tensors), seed, plan,
+                     noise_scale=noise_scale)
+
+
+def encode_flat(codec, fused, seed, plan, noise_scale=None):
+  """`encode_fused` of an already fused buffer (`plan.flatten(tensors)`).
+
+  For callers that need the fused buffer themselves too (a nested sender's
+  `nested_sender_statistics`), so that it is built once.
+
+  Args:
+    codec: an `ndq_tf` codec.
+    fused: 1-D `float32` tensor of `plan.total_size` elements.
+    seed: shape-`[2]` integer tensor, this sender's seed at this step.
+    plan: the `FusionPlan` of the buffer.
+    noise_scale: as for `encode_fused`.
+
+  Returns:
+    A 1-D `int32` tensor of `plan.wire_words(codec)` elements.
+  """
+  _check_plan(codec, plan)
   if noise_scale is not None and plan.bucket_size is None:
     raise ValueError(
         f"`noise_scale` needs a bucketed codec (one value per bucket). "
         f"Received: codec={codec!r} without buckets.")
-  fused = plan.flatten(tensors)
   wires = []
   for index, (start, length) in enumerate(plan.segments):
     kwargs = {}

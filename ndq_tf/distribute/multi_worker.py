@@ -402,8 +402,9 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
             plan.total_size // plan.bucket_size)
         if self._adaptive:
           noise_scale = sigma_variable.read_value() * gain_variable.read_value()
-      wire = fusion.encode_fused(
-          my_codec, local, self._seed_for(step, self._worker_id), plan,
+      fused = plan.flatten(local)
+      wire = fusion.encode_flat(
+          my_codec, fused, self._seed_for(step, self._worker_id), plan,
           noise_scale=noise_scale)
       header = tf.stack([
           tf.constant(_MAGIC, tf.int32),
@@ -437,7 +438,7 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
           me = self._worker_id
           updates = self._update_noise(
               fusion.nested_sender_statistics(
-                  my_codec, wires[me], plan.flatten(local), side[me],
+                  my_codec, wires[me], fused, side[me],
                   decoded[me], plan, noise_scale=noise_scale),
               sigma_variable, gain_variable, plan)
         summed = fusion.sum_decoded(decoded, plan)
@@ -449,19 +450,14 @@ class MultiWorkerCompressedAllReduce(cross_device_ops_lib.CollectiveAllReduce):
   def _update_noise(self, statistics, sigma_variable, gain_variable, plan):
     """Stores this nested worker's noise, gain and telemetry; the ops."""
     t = self._nested_telemetry
-    measured = statistics["noise_scale"]
-    if self._adaptive:
-      measured = cross_device_ops_ndq.next_noise_scale(
-          sigma_variable.read_value(), measured)
+    sigma, gain = cross_device_ops_ndq.next_noise_state(
+        sigma_variable.read_value(), gain_variable.read_value(), statistics,
+        plan, float(self._codec.overload_target), self._adaptive)
     updates = [
-        sigma_variable.assign(measured),
+        sigma_variable.assign(sigma),
+        gain_variable.assign(gain),
         t["buckets"].assign(plan.total_size // plan.bucket_size),
     ]
-    if self._adaptive:
-      updates.append(gain_variable.assign(cross_device_ops_ndq.next_noise_gain(
-          gain_variable.read_value(), statistics["bucket_overloads"],
-          tf.constant(plan.bucket_counts().astype("float32")),
-          float(self._codec.overload_target))))
     for key in ("overloads", "nested_elements", "expected_overloads",
                 "fallback_buckets"):
       updates.append(t[key].assign(statistics[key]))
