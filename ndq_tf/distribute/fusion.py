@@ -49,18 +49,16 @@ information of every sender (`return_side_information=True`) for the
 nested senders' own noise measurement; `encode_fused(..., noise_scale=σ)`
 passes the per-bucket noise scales to an adaptive nested codec, and
 `wire_scales` reads the per-bucket scales back from a wire (negative: a
-bucket the adaptive codec sent as DQSG). `overload_probability` is
-`ndq_tf.theory.overload_probability` in TensorFlow;
-`nested_sender_statistics` gives a nested sender, from its own gradient (the
-ground truth only it has), the exact noise of its decode and the elements
-that really overloaded.
+bucket the adaptive codec sent as DQSG). What a nested sender learns from
+its own decode lives in `ndq_tf.distribute.nested_state`.
 """
+
+import hashlib
 
 import numpy as np
 import tensorflow as tf
 
 from ndq_tf import ops as ndq_ops
-from ndq_tf import theory
 
 __all__ = [
     "FusionPlan",
@@ -69,8 +67,6 @@ __all__ = [
     "derive_seed",
     "encode_flat",
     "encode_fused",
-    "nested_sender_statistics",
-    "overload_probability",
     "sum_decoded",
     "wire_scales",
 ]
@@ -148,6 +144,17 @@ class FusionPlan:
           (o, p) for o, p in zip(offsets, padded) if p > 0)
     else:
       self._segments = ((0, offset),) if offset > 0 else ()
+
+  @property
+  def signature(self):
+    """A short stable key of the layout: shapes, dtypes and bucket size.
+
+    Two calls with the same tensors share it (and the nested senders' noise
+    state); two different buffers never do, even with as many buckets.
+    """
+    text = repr((tuple(s.as_list() for s in self._shapes),
+                 tuple(d.name for d in self._dtypes), self._bucket_size))
+    return "plan_" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
   @classmethod
   def from_tensors(cls, tensors, bucket_size=None):
@@ -489,13 +496,17 @@ def decode_sum(codec, wires, seeds, plan, mean=False):
                      mean=mean)
 
 
-def sum_decoded(decoded, plan, mean=False):
+def sum_decoded(decoded, plan, mean=False, divisor=None):
   """The second half of `decode_sum`: deterministic sum, then `plan.split`.
 
   Args:
     decoded: the list `decode_senders` returned.
     plan: the `FusionPlan` the senders encoded with.
-    mean: divide the sum by the number of senders.
+    mean: divide the sum (in `float32`, before the cast back to the
+      tensors' dtypes) by `divisor`.
+    divisor: what `mean` divides by; default the number of senders. A
+      multi-worker exchange whose senders each summed several replicas
+      passes the number of replicas.
 
   Returns:
     A list of tensors with the plan's shapes and dtypes.
@@ -504,7 +515,7 @@ def sum_decoded(decoded, plan, mean=False):
     raise ValueError("`wires` must hold at least one sender. Received: [].")
   total = _sum(decoded)
   if mean:
-    total = total / float(len(decoded))
+    total = total / float(divisor or len(decoded))
   return plan.split(total)
 
 
@@ -537,177 +548,6 @@ def wire_scales(codec, wire, plan):
   if not parts:
     return tf.zeros([0], tf.float32)
   return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
-
-
-def nested_sender_statistics(codec, wire, values, side_information, decoded,
-                             plan, noise_scale=None):
-  """What a nested sender learns by decoding its own wire, with ground truth.
-
-  Overload is silent at the receivers, but the sender knows its own gradient
-  `g`: once it has decoded its own wire with the side information `y` every
-  receiver uses (it decodes every sender anyway), it knows the exact noise
-  `z = g - y` and every element that came out wrong. In the absolute units
-  of the gradient, with `δ1 = |scale|/num_levels` and `δ2 = k·δ1` a bucket's
-  fine and coarse steps, decoding gives `ĝ - y = α²z + α·e - α·δ2·j` with
-  `|e| <= δ1/2` and the integer `j` zero exactly when the element did not
-  overload, so `j = round((α²z - (ĝ - y))/(α·δ2))` (exact: the rounding
-  has a margin of `1/2 - 1/(2k)` cells). Only real elements (not the
-  padding) count; DQSG-fallback buckets (negative scale) cannot overload.
-
-  Args:
-    codec: the sender's nested codec (`needs_side_information`).
-    wire: its 1-D `int32` wire.
-    values: the sender's own fused buffer (`plan.flatten(tensors)`).
-    side_information: the fused side information it was decoded with.
-    decoded: its decoded fused buffer (`decode_senders`).
-    plan: the `FusionPlan` (with buckets).
-    noise_scale: adaptive mode: the `float32` `[num_buckets]` noise scales
-      the sender encoded this call with (`encode_fused`), for
-      `bucket_overloads`; None otherwise.
-
-  Returns:
-    A dict of tensors:
-    * `noise_scale`: `float32` `[num_buckets]`, the RMS of `z` over each
-      bucket's real elements (what the adaptive mode encodes the next call
-      with; NaN for a bucket holding a NaN or Inf);
-    * `overloads`: `int64`, real elements of nested buckets decoded wrong;
-    * `nested_elements`: `int64`, real elements of nested buckets;
-    * `expected_overloads`: `float64`, the Gaussian prediction of
-      `overloads` from this call's `noise_scale` and steps (the sum over
-      nested buckets of `count·overload_probability(α, σ_b, δ1_b, k)`);
-    * `fallback_buckets`: `int64`, buckets sent as DQSG;
-    * `bucket_overloads`: `float32` `[num_buckets]`, with `noise_scale`:
-      for every bucket, nested or not, the overloads its real elements
-      would have had on average over the dither at the adaptive step
-      `δ1_b = r·noise_scale_b` (`r = theory.auto_nested_step_ratio`), given
-      the exact `z`: `Σ_i clip((α|z_i| - (k - 1)·δ1_b/2)/δ1_b, 0, 1)`
-      (the probability that `|α·z_i + e| >= k·δ1_b/2` for
-      `e ~ U[-δ1_b/2, δ1_b/2]`); NaN where that step is not positive and
-      finite. All NaN without `noise_scale`.
-
-  Raises:
-    ValueError: if `codec` is not nested or the plan has no buckets.
-  """
-  if not getattr(codec, "needs_side_information", False):
-    raise ValueError(
-        f"`nested_sender_statistics` needs a nested codec (with side "
-        f"information). Received: codec={codec!r}.")
-  scales = wire_scales(codec, wire, plan)
-  alpha = float(codec.adaptive_alpha)
-  kernel = _statistics_kernel(
-      alpha, codec.coarse_ratio, codec.num_levels, plan.bucket_size,
-      theory.auto_nested_step_ratio(codec.coarse_ratio,
-                                    codec.overload_target, alpha))
-  counts = plan.bucket_counts()
-  num_buckets = plan.total_size // plan.bucket_size
-  if noise_scale is None:
-    noise_scale = tf.fill([num_buckets], float("nan"))
-  (sigma, overloads, nested_elements, expected, fallback,
-   bucket_overloads) = kernel(
-       tf.cast(values, tf.float32), side_information, decoded, scales,
-       plan.padding_mask(), tf.constant(counts.astype(np.float32)),
-       tf.cast(noise_scale, tf.float32))
-  return {"noise_scale": sigma, "overloads": overloads,
-          "nested_elements": nested_elements,
-          "expected_overloads": expected, "fallback_buckets": fallback,
-          "bucket_overloads": bucket_overloads}
-
-
-_STATISTICS_KERNELS = {}
-
-
-def _statistics_kernel(alpha, k, num_levels, d, ratio):
-  """The XLA-compiled body of `nested_sender_statistics` (one fused pass)."""
-  key = (alpha, k, num_levels, d, ratio)
-  kernel = _STATISTICS_KERNELS.get(key)
-  if kernel is not None:
-    return kernel
-
-  def statistics(values, side_information, decoded, scales, real, counts,
-                 used):
-    shape = [-1, d]
-    fine = tf.abs(scales) / num_levels
-    y = tf.reshape(side_information, shape)
-    z = tf.reshape(values, shape) - y
-    residual = tf.reshape(decoded, shape) - y
-    real = tf.reshape(real, shape)
-    noise_scale = tf.sqrt(tf.reduce_sum(real * tf.square(z), axis=1) / counts)
-    j = tf.round(tf.math.divide_no_nan(alpha * alpha * z - residual,
-                                       (alpha * k) * fine[:, None]))
-    nested = scales > 0
-    in_nested = nested[:, None] & (real > 0)
-    wrong = in_nested & tf.not_equal(j, 0.0)
-    probability = overload_probability(alpha, noise_scale, fine, k)
-    probability = tf.where(nested & tf.math.is_finite(probability),
-                           probability, tf.zeros_like(probability))
-    # The adaptive step of every bucket, and its overloads on average over
-    # the dither given the exact z.
-    step = ratio * used
-    usable = tf.math.is_finite(step) & (step > 0)
-    safe = tf.where(usable, step, tf.ones_like(step))[:, None]
-    per_element = tf.clip_by_value(
-        (alpha * tf.abs(z) - (k - 1) * safe / 2.0) / safe, 0.0, 1.0)
-    would = tf.reduce_sum(real * per_element, axis=1)
-    would = tf.where(usable, would, tf.fill(tf.shape(would), float("nan")))
-    return (noise_scale,
-            tf.reduce_sum(tf.cast(wrong, tf.int64)),
-            tf.reduce_sum(tf.cast(in_nested, tf.int64)),
-            tf.reduce_sum(probability * tf.cast(counts, tf.float64)),
-            tf.reduce_sum(tf.cast(scales < 0, tf.int64)),
-            would)
-
-  kernel = tf.function(statistics, jit_compile=True, autograph=False)
-  _STATISTICS_KERNELS[key] = kernel
-  return kernel
-
-
-def overload_probability(alpha, sigma, fine_step, coarse_ratio):
-  """`ndq_tf.theory.overload_probability` in TensorFlow, element-wise.
-
-  `P(|α·z + e| >= Δ2/2)` for `z ~ N(0, σ²)`, `e ~ U[-Δ1/2, Δ1/2]`,
-  `Δ2 = k·Δ1`, in closed form:
-  `P = (2σ'/Δ1)·[F((h + Δ1/2)/σ') - F((h - Δ1/2)/σ')]`, `F(t) = t·Q(t) -
-  φ(t)`, `h = k·Δ1/2`, `σ' = α·σ`. Computed in `float64`. Where `σ' = 0`:
-  0 (1 if `k <= 1`); NaN stays NaN.
-
-  Args:
-    alpha: Python float or tensor, the shrinkage `α`.
-    sigma: tensor, `σ` (any units).
-    fine_step: tensor broadcastable with `sigma`, `Δ1` (same units).
-    coarse_ratio: Python int `k`.
-
-  Returns:
-    A `float64` tensor of the broadcast shape, in `[0, 1]`.
-  """
-  def as_float64(value):
-    # A Python float straight to float64 (tf.cast would round it through a
-    # float32 constant first).
-    if tf.is_tensor(value):
-      return tf.cast(value, tf.float64)
-    return tf.convert_to_tensor(value, tf.float64)
-
-  sigma = as_float64(sigma)
-  fine = as_float64(fine_step)
-  alpha = as_float64(alpha)
-  spread = alpha * sigma
-  positive = spread > 0
-  safe = tf.where(positive, spread, tf.ones_like(spread))
-  half = coarse_ratio * fine / 2.0
-
-  def antiderivative(t):
-    q = 0.5 * tf.math.erfc(t / tf.sqrt(tf.constant(2.0, tf.float64)))
-    phi = tf.exp(-0.5 * t * t) / tf.sqrt(tf.constant(2.0 * 3.141592653589793,
-                                                     tf.float64))
-    return t * q - phi
-
-  upper = (half + fine / 2.0) / safe
-  lower = (half - fine / 2.0) / safe
-  p = 2.0 * safe / fine * (antiderivative(upper) - antiderivative(lower))
-  p = tf.clip_by_value(p, 0.0, 1.0)
-  degenerate = tf.constant(1.0 if coarse_ratio <= 1 else 0.0, tf.float64)
-  p = tf.where(positive, p, degenerate * tf.ones_like(p))
-  return tf.where(tf.math.is_nan(spread) | tf.math.is_nan(fine),
-                  tf.constant(float("nan"), tf.float64) * tf.ones_like(p), p)
 
 
 def _check_plan(codec, plan):

@@ -1,19 +1,9 @@
 """`ndq_tf.MirroredStrategy`: `tf.distribute.MirroredStrategy` with compressed gradients."""
 
-import numpy as np
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_util
 
-try:
-  # Keras' weights files (model.save_weights, BackupAndRestore) hold the
-  # state of every `KerasSaveable` reachable from the model's attributes;
-  # `model.distribute_strategy` is one. The class is not exported by the
-  # public API (Keras 3.15); without it the counter is still saved by
-  # tf.train.Checkpoint, only not in .weights.h5 files.
-  from keras.src.saving.keras_saveable import KerasSaveable as _KerasSaveable
-except ImportError:  # pragma: no cover
-  _KerasSaveable = object
-
+from ndq_tf.distribute import strategy_state
+from ndq_tf.distribute import tf_internals
 from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
 
 __all__ = [
@@ -21,32 +11,8 @@ __all__ = [
 ]
 
 
-def _is_gpu(device):
-  return tf.DeviceSpec.from_string(device).device_type in ("GPU",)
-
-
-def bypasses_cross_device_ops(devices, jit_compile):
-  """Whether MirroredStrategy would skip its cross-device ops.
-
-  TF's MirroredStrategy (2.21) does not call `merge_call`, and so never
-  reaches the `CrossDeviceOps` it was given, when the replica function is
-  compiled with XLA and every device is a GPU: it uses its own NCCL/ring
-  collectives instead.
-
-  Args:
-    devices: the strategy's device strings.
-    jit_compile: whether the replica function is XLA-compiled.
-
-  Returns:
-    bool.
-  """
-  return bool(jit_compile) and bool(devices) and all(
-      _is_gpu(d) for d in devices)
-
-
 class MirroredStrategy(tf.distribute.MirroredStrategy,
-                       tf.__internal__.tracking.Trackable,
-                       _KerasSaveable):
+                       strategy_state.StrategyState):
   """Synchronous data-parallel training on one machine with compressed gradients.
 
   A `tf.distribute.MirroredStrategy` whose cross-device ops are a
@@ -55,17 +21,17 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
   `ReplicaContext.all_reduce` send quantized gradients between replicas,
   and every replica ends each step with bitwise identical variables.
 
-  The dither counter (`compressed_all_reduce.step`) is saved with the model,
-  with nothing to do for the user:
+  The dither counter (`compression_step`) and the nested senders' noise
+  state are saved with the model, with nothing to do for the user:
   * `tf.train.Checkpoint(model=model)` / `(optimizer=...)`: Keras models and
     optimizers created in `strategy.scope()` track their strategy, and this
-    strategy tracks the counter (checkpoint key
-    `model/_distribute_strategy/compressed_all_reduce/_step`).
+    strategy tracks its exchange engine (checkpoint key
+    `model/_distribute_strategy/compression/step`).
   * `model.save_weights` / `keras.callbacks.BackupAndRestore`: the strategy is
     a Keras saveable reachable from the model (`model.distribute_strategy`),
-    so the `.weights.h5` file holds the counter too.
-  For a custom loop without a Keras model, checkpoint it explicitly:
-  `tf.train.Checkpoint(..., all_reduce=strategy.compressed_all_reduce)`.
+    so the `.weights.h5` file holds them too.
+  For a custom loop without a Keras model, checkpoint them explicitly:
+  `tf.train.Checkpoint(..., compression=strategy.compression_engine)`.
 
   Mixed precision: Keras 3.15's `LossScaleOptimizer` checks only replica
   0's local gradients for overflow; use `ndq_tf.keras.LossScaleOptimizer`,
@@ -107,10 +73,7 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
   ...     reference_codec=ndq_tf.DitheredCodec(num_levels=3),
   ...     reference_replicas=0.5)
 
-  The reference group's size is checked against the replicas here. The
-  nested senders' noise scales and gains
-  (`compressed_all_reduce.noise_scale(n)`, `.noise_gain(n)`) are saved with
-  the step counter (checkpoint and `.weights.h5` files).
+  The reference group's size is checked against the replicas here.
 
   Raises:
     ValueError: if neither or both of `codec` and `cross_device_ops` are
@@ -144,14 +107,18 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
     if cross_device_ops.needs_reference:
       # Raises a clear error now rather than at the first all-reduce.
       cross_device_ops.reference_count(len(self.extended.worker_devices))
-    self._maybe_initialize_trackable()
-    self._track_trackable(cross_device_ops, name="compressed_all_reduce")
     self._ndq_all_reduce = cross_device_ops
+    self._track_engine(cross_device_ops.engine)
 
   @property
   def compressed_all_reduce(self):
-    """The `CompressedAllReduce` (step counter, telemetry) of this strategy."""
+    """The `CompressedAllReduce` of this strategy."""
     return self._ndq_all_reduce
+
+  @property
+  def compression_engine(self):
+    """The exchange engine: step counter, telemetry, nested noise state."""
+    return self._ndq_all_reduce.engine
 
   def run(self, fn, args=(), kwargs=None, options=None):
     """`tf.distribute.Strategy.run`, refusing XLA-compiled replica functions.
@@ -164,63 +131,7 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
         measured with TF 2.21: `model.compile(jit_compile=True)` under a
         plain MirroredStrategy of logical CPUs raises InvalidArgumentError).
     """
-    jit = bool(getattr(fn, "_jit_compile", False)) or (
-        control_flow_util.GraphOrParentsInXlaContext(
-            tf.compat.v1.get_default_graph()))
-    if jit:
-      devices = self.extended.worker_devices
-      if bypasses_cross_device_ops(devices, jit):
-        reason = ("TensorFlow's MirroredStrategy then skips cross-device ops "
-                  "on all-GPU devices and would all-reduce uncompressed "
-                  "float gradients")
-      else:
-        reason = ("MirroredStrategy's merge_call-based all-reduce cannot "
-                  "run inside XLA on these devices")
-      raise ValueError(
-          f"ndq_tf.MirroredStrategy cannot compress under XLA: {reason}. Do "
-          f"not jit-compile the replica function (model.compile(jit_compile="
-          f"False), the default 'auto' under a strategy, or tf.function "
-          f"without jit_compile). Received: fn={fn!r} jit-compiled on "
-          f"devices {devices}.")
+    if tf_internals.is_jit_compiled(fn) or tf_internals.in_xla_context():
+      raise strategy_state.xla_bypass_error(
+          "ndq_tf.MirroredStrategy", self.extended.worker_devices, fn)
     return super().run(fn, args=args, kwargs=kwargs, options=options)
-
-  # -- Keras saving (model.save_weights, BackupAndRestore) -------------------
-
-  def _obj_type(self):
-    # Keras walks the attributes of saveables, skipping those of a reference
-    # object of this type; any type it knows is fine here.
-    return "Operation"
-
-  def save_own_variables(self, store):
-    store["step"] = np.asarray(self._ndq_all_reduce.step.numpy())
-    ops = self._ndq_all_reduce
-    for n, variable in sorted(ops.noise_scales().items()):
-      store[f"noise_scale_{n}"] = np.asarray(variable.numpy())
-      store[f"noise_gain_{n}"] = np.asarray(ops.noise_gain(n).numpy())
-
-  def load_own_variables(self, store):
-    try:
-      value = store["step"]
-    except (KeyError, ValueError):
-      return  # Saved without a compressed strategy: keep the counter.
-    self._ndq_all_reduce.step.assign(int(np.asarray(value)))
-    if not self._ndq_all_reduce.needs_reference:
-      return
-    try:
-      keys = list(store.keys())
-    except AttributeError:  # pragma: no cover
-      keys = []
-    for key in keys:
-      if key.startswith("noise_scale_"):
-        sigma = np.asarray(store[key])
-        gain = np.asarray(store["noise_gain_" + key[len("noise_scale_"):]])
-        num_senders, num_buckets = sigma.shape
-        sigma_variable, gain_variable = self._ndq_all_reduce.nested_state(
-            num_buckets, num_senders)
-        sigma_variable.assign(sigma)
-        gain_variable.assign(gain)
-
-  def __reduce__(self):
-    # KerasSaveable pickles models through the Keras format; a strategy is
-    # not picklable.
-    raise TypeError("ndq_tf.MirroredStrategy cannot be pickled.")

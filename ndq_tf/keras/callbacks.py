@@ -5,45 +5,43 @@ import warnings
 
 import keras
 
-from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
+from ndq_tf.distribute import engine as engine_lib
+from ndq_tf.distribute import tf_internals
 
 __all__ = [
     "CompressionStats",
+    "find_engine",
 ]
-
 
 #: Fraction of nested elements overloading in one step above which
 #: CompressionStats warns (once).
 OVERLOAD_WARNING = 0.01
 
-# What CompressionStats reads: CompressedAllReduce (MirroredStrategy) and the
-# multi-worker strategy's cross-device ops both provide it.
-_TELEMETRY = ("step", "min_elements", "wire_bits_per_element",
-              "compression_ratio")
+
+def _as_engine(obj):
+  """The `ExchangeEngine` of an engine or of compressing cross-device ops."""
+  if isinstance(obj, engine_lib.ExchangeEngine):
+    return obj
+  engine = getattr(obj, "engine", None)
+  return engine if isinstance(engine, engine_lib.ExchangeEngine) else None
 
 
-def _has_telemetry(ops):
-  return ops is not None and all(hasattr(ops, a) for a in _TELEMETRY)
-
-
-def find_compressed_all_reduce(strategy):
-  """The compressing cross-device ops a strategy uses, or None.
+def find_engine(strategy):
+  """The exchange engine a strategy compresses with, or None.
 
   Args:
     strategy: a `tf.distribute.Strategy` (e.g. `model.distribute_strategy`).
 
   Returns:
-    The `CompressedAllReduce` of an `ndq_tf.MirroredStrategy` (or of a
-    `tf.distribute.MirroredStrategy(cross_device_ops=...)`), the cross-device
-    ops of an `ndq_tf.MultiWorkerMirroredStrategy`, or None.
+    The `ExchangeEngine` of an `ndq_tf.MirroredStrategy`, an
+    `ndq_tf.MultiWorkerMirroredStrategy`, or a
+    `tf.distribute.MirroredStrategy(cross_device_ops=CompressedAllReduce(...))`;
+    None for other strategies.
   """
-  ops = getattr(strategy, "compressed_all_reduce", None)
-  if _has_telemetry(ops):
-    return ops
-  # A plain tf.distribute.MirroredStrategy(cross_device_ops=...).
-  extended = getattr(strategy, "extended", None)
-  ops = getattr(extended, "_cross_device_ops", None)
-  return ops if isinstance(ops, CompressedAllReduce) else None
+  engine = _as_engine(getattr(strategy, "compression_engine", None))
+  if engine is None and strategy is not None:
+    engine = _as_engine(tf_internals.cross_device_ops_of(strategy))
+  return engine
 
 
 @keras.saving.register_keras_serializable(package="ndq_tf")
@@ -82,9 +80,9 @@ class CompressionStats(keras.callbacks.Callback):
   ...                            keras.callbacks.TensorBoard("logs")])
 
   Args:
-    cross_device_ops: the `CompressedAllReduce` to read; default: the one of
-      the model's distribution strategy (`ndq_tf.MirroredStrategy` or
-      `ndq_tf.MultiWorkerMirroredStrategy`).
+    cross_device_ops: the `CompressedAllReduce` (or the multi-worker
+      strategy's cross-device ops, or their `ExchangeEngine`) to read;
+      default: the one of the model's distribution strategy.
     prefix: prepended to the log keys.
 
   Raises:
@@ -94,7 +92,7 @@ class CompressionStats(keras.callbacks.Callback):
 
   def __init__(self, cross_device_ops=None, prefix=""):
     super().__init__()
-    if cross_device_ops is not None and not _has_telemetry(cross_device_ops):
+    if cross_device_ops is not None and _as_engine(cross_device_ops) is None:
       raise TypeError(
           f"`cross_device_ops` must be an ndq_tf.CompressedAllReduce (or the "
           f"cross-device ops of ndq_tf.MultiWorkerMirroredStrategy) or None. "
@@ -103,15 +101,17 @@ class CompressionStats(keras.callbacks.Callback):
       raise ValueError(
           f"`prefix` must be a string. Received: prefix={prefix!r}.")
     self._given = cross_device_ops
-    self._ops = cross_device_ops
+    self._engine = (None if cross_device_ops is None
+                    else _as_engine(cross_device_ops))
     self._prefix = prefix
     self._start_step = None
     self._warned = False
     self._warned_overload = False
 
   @property
-  def cross_device_ops(self):
-    return self._ops
+  def engine(self):
+    """The `ExchangeEngine` read (known once training started)."""
+    return self._engine
 
   def get_config(self):
     """The constructor arguments; an explicit `cross_device_ops` is not kept.
@@ -128,8 +128,8 @@ class CompressionStats(keras.callbacks.Callback):
   def on_train_begin(self, logs=None):
     if self._given is None:
       strategy = getattr(self.model, "distribute_strategy", None)
-      self._ops = find_compressed_all_reduce(strategy)
-      if self._ops is None:
+      self._engine = find_engine(strategy)
+      if self._engine is None:
         raise ValueError(
             f"CompressionStats needs a CompressedAllReduce: create the model "
             f"in the scope of ndq_tf.MirroredStrategy (or a strategy with "
@@ -141,37 +141,31 @@ class CompressionStats(keras.callbacks.Callback):
     # Read here rather than in on_train_begin: BackupAndRestore may restore
     # the counter in its own on_train_begin, after ours.
     if self._start_step is None:
-      self._start_step = int(self._ops.step.numpy())
+      self._start_step = int(self._engine.step.numpy())
 
   def _add(self, logs):
     if logs is None or self._start_step is None:
       return
-    ops = self._ops
-    if int(ops.step.numpy()) == self._start_step:
+    engine = self._engine
+    if int(engine.step.numpy()) == self._start_step:
       if not self._warned:
         self._warned = True
         warnings.warn(
             "CompressionStats: a training batch ended without a compressed "
             "all-reduce: every gradient had fewer than min_elements="
-            f"{ops.min_elements} elements, or TensorFlow bypassed the "
-            "cross-device ops (XLA on all-GPU devices). Gradients were "
+            f"{engine.options.min_elements} elements, or TensorFlow bypassed "
+            "the cross-device ops (XLA on all-GPU devices). Gradients were "
             "reduced losslessly.", RuntimeWarning, stacklevel=2)
-      bits, ratio = 32.0, 1.0
-    else:
-      bits, ratio = ops.wire_bits_per_element, ops.compression_ratio
-    if not (math.isfinite(bits) and math.isfinite(ratio)):
       return
-    logs[self._prefix + "wire_bits_per_element"] = bits
-    logs[self._prefix + "compression_ratio"] = ratio
-    # Nested codecs: the counted overload rate and the DQSG fallback.
-    for key in ("overload_rate", "fallback_fraction"):
-      value = getattr(ops, "last_" + key, math.nan)
-      if math.isfinite(value):
-        logs[self._prefix + key] = value
-    rate = getattr(ops, "last_overload_rate", math.nan)
+    stats = engine.stats()
+    for key in ("wire_bits_per_element", "compression_ratio",
+                "overload_rate", "fallback_fraction"):
+      if key in stats and math.isfinite(stats[key]):
+        logs[self._prefix + key] = stats[key]
+    rate = stats.get("overload_rate", 0.0)
     # The automatic mode reacts to overloads itself (its first steps, and a
     # step whose noise jumps, overload more): warn about the fixed mode.
-    if (rate > OVERLOAD_WARNING and not getattr(ops, "adaptive", False)
+    if (rate > OVERLOAD_WARNING and not engine.options.adaptive
         and not self._warned_overload):
       self._warned_overload = True
       warnings.warn(

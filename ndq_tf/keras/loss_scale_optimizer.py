@@ -5,7 +5,7 @@ import math
 import keras
 import tensorflow as tf
 
-from ndq_tf.distribute.cross_device_ops import uncompressed
+from ndq_tf.distribute.scope import uncompressed
 
 __all__ = [
     "LossScaleOptimizer",
@@ -28,12 +28,14 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
   """`keras.optimizers.LossScaleOptimizer` whose overflow check sees every replica.
 
   Keras 3.15's `LossScaleOptimizer`, under `tf.distribute.MirroredStrategy`,
-  decides whether to skip a step from replica 0's *local* gradients only
-  (measured: a NaN on replica 1 alone is applied to the weights, with TF's
-  own all-reduce as with ours). This subclass first all-reduces one flag
-  "my local gradients are not finite" (a lossless scalar all-reduce) and, if
-  any replica raised it, turns every replica's gradients into NaN, so that
-  the stock check skips the step and lowers the scale on every replica.
+  decides whether to skip a step from replica 0's *local* gradients only, so
+  a NaN on another replica alone is applied to the weights, with TF's own
+  all-reduce as with ours
+  (docs/algorithms.md#loss-scaling-under-mirroredstrategy). This subclass
+  first all-reduces one flag "my local gradients are not finite" (a
+  lossless scalar all-reduce) and, if any replica raised it, turns every
+  replica's gradients into NaN, so that the stock check skips the step and
+  lowers the scale on every replica.
   Nothing is patched globally; outside a multi-replica context it behaves
   exactly like the Keras class.
 

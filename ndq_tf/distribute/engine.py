@@ -1,0 +1,329 @@
+"""The exchange engine: everything about a compressed all-reduce but moving bytes.
+
+`ExchangeEngine` is shared by `ndq_tf.CompressedAllReduce`
+(MirroredStrategy) and the multi-worker strategy's cross-device ops. It
+owns, for both alike:
+
+* the rules of what is compressed (`split`): `SUM` or `MEAN` of dense
+  floating tensors (and, when asked, `IndexedSlices` of a static dense
+  shape) with a static shape, the same shape and dtype on every replica,
+  at least `min_elements` elements, reduced to their own devices, across at
+  least two senders, outside `ndq_tf.distribute.uncompressed()`;
+* the fusion plan (`fusion.FusionPlan`) and the seeds: sender `s` at step
+  `t` draws its dither from `fold_seed(fold_seed([seed, SEED_TAG], t), s)`;
+* the senders' codecs (the reference group P1 first, then the nested
+  senders P2);
+* encoding on each local sender's device;
+* decoding every sender in sender order with side information
+  (`fusion.decode_senders`) and the deterministic sum
+  (`fusion.sum_decoded`), so every receiver obtains the same bits;
+* the nested senders' own statistics and their noise state
+  (`nested_state`), and the telemetry (`telemetry`);
+* the step counter, advanced once per compressed exchange.
+
+A *transport* (`ndq_tf.distribute.transports`) only moves the senders'
+packed `int32` payloads to the receivers; it knows nothing of codecs.
+"""
+
+import collections
+
+import tensorflow as tf
+from absl import logging
+
+from ndq_tf.distribute import fusion
+from ndq_tf.distribute import nested_state
+from ndq_tf.distribute import scope
+from ndq_tf.distribute import telemetry as telemetry_lib
+from ndq_tf.distribute import tf_internals
+
+__all__ = [
+    "SEED_TAG",
+    "ExchangeEngine",
+    "LocalSender",
+]
+
+#: Second word of every exchange's base seed ("NDQT").
+SEED_TAG = 0x4E445154
+
+#: One sender whose gradient this process holds: its index in decode order,
+#: its device, and its tensors (in the order of the compressed values).
+LocalSender = collections.namedtuple("LocalSender",
+                                     ["index", "device", "tensors"])
+
+
+_WARNED = set()
+
+
+def _warn_once(key, message, *args):
+  """Logs `message` the first time `key` comes up in this process."""
+  if key not in _WARNED:
+    _WARNED.add(key)
+    logging.warning("ndq_tf: " + message, *args)
+
+
+class ExchangeEngine(tf.Module):
+  """Compresses, decodes and sums; checkpointable state of the exchange.
+
+  Args:
+    options: the `ndq_tf.distribute.CompressionOptions`.
+    transport_name: the transport's name, for the telemetry.
+    device: where the step counter, telemetry and noise state live.
+    name: the module's name.
+  """
+
+  def __init__(self, options, transport_name, device="/device:CPU:0",
+               name="exchange"):
+    super().__init__(name=name)
+    self._options = options
+    self._device = device
+    with tf.init_scope(), tf.device(device):
+      self.step = tf.Variable(0, dtype=tf.int32, trainable=False, name="step")
+    self.telemetry = telemetry_lib.Telemetry(transport_name, options.nested,
+                                             device=device)
+    self.nested_state = (nested_state.NestedStateStore(device)
+                         if options.nested else None)
+
+  @property
+  def options(self):
+    return self._options
+
+  @property
+  def device(self):
+    return self._device
+
+  def stats(self):
+    """The telemetry of the last compressed exchange (`telemetry` keys)."""
+    return self.telemetry.result(int(self.step.numpy()))
+
+  # -- What is compressed -----------------------------------------------------
+
+  def dense_values(self, value, destinations):
+    """The per-replica dense tensors of `value` if it is compressed, else None.
+
+    Args:
+      value: a `PerReplica` (or a plain tensor: one local replica).
+      destinations: where the result goes.
+
+    Returns:
+      `(tensors, devices)`, or None.
+    """
+    if isinstance(value, tf_internals.DistributedValues):
+      parts = list(value.values)
+      devices = tuple(tf_internals.get_devices_from(value))
+      if devices != tuple(tf_internals.get_devices_from(destinations)):
+        _warn_once(
+            "destinations",
+            "a gradient reduced to other devices than its own travels "
+            "losslessly (values on %s, destinations %s).", devices,
+            tuple(tf_internals.get_devices_from(destinations)))
+        return None
+    elif tf.is_tensor(value):
+      parts = [value]
+      devices = (value.device,)
+    else:
+      return None
+    tensors = []
+    for v in parts:
+      if isinstance(v, tf.IndexedSlices):
+        if not self._options.compress_indexed_slices:
+          return None
+        shape = tf.TensorShape(tf.get_static_value(v.dense_shape))
+        if shape.rank is None or not shape.is_fully_defined():
+          return None
+        with tf.device(v.values.device):
+          v = tf.scatter_nd(tf.expand_dims(v.indices, -1), v.values, shape)
+      elif not isinstance(v, tf.Tensor):
+        return None
+      if not v.dtype.is_floating or not v.shape.is_fully_defined():
+        return None
+      tensors.append(v)
+    if any(t.shape != tensors[0].shape or t.dtype != tensors[0].dtype
+           for t in tensors):
+      return None
+    if tensors[0].shape.num_elements() < self._options.min_elements:
+      return None
+    return tensors, devices
+
+  def split(self, reduce_op, pairs, num_senders):
+    """Sorts a `batch_reduce` call's values into compressed and lossless.
+
+    Args:
+      reduce_op: a `tf.distribute.ReduceOp` or its name.
+      pairs: the `(value, destinations)` pairs of the call.
+      num_senders: senders of the exchange (replicas or workers).
+
+    Returns:
+      `(compressed, lossless, devices)`: a list of `(index, dense
+      per-replica tensors)`, a list of indices into `pairs`, and the devices
+      of the compressed values (all of them live on the same devices).
+    """
+    if isinstance(reduce_op, str):
+      reduce_op = tf.distribute.ReduceOp(reduce_op.upper())
+    if (num_senders < 2 or scope.in_uncompressed_scope() or
+        reduce_op not in (tf.distribute.ReduceOp.SUM,
+                          tf.distribute.ReduceOp.MEAN)):
+      return [], list(range(len(pairs))), None
+    compressed, lossless = [], []
+    devices = None
+    for index, (value, destinations) in enumerate(pairs):
+      dense = self.dense_values(value, destinations)
+      if dense is not None:
+        if devices is None:
+          devices = dense[1]
+        elif dense[1] != devices:
+          _warn_once("devices",
+                     "values of one batch_reduce on other devices (%s) than "
+                     "the first compressed one (%s) travel losslessly.",
+                     dense[1], devices)
+          dense = None
+      if dense is None:
+        lossless.append(index)
+      else:
+        compressed.append((index, dense[0]))
+    return compressed, lossless, devices
+
+  # -- The exchange ------------------------------------------------------------
+
+  def seed(self, sender, step):
+    """The `[2]` `int32` seed of `sender`'s payload at `step`."""
+    base = tf.constant([self._options.seed, SEED_TAG], tf.int32)
+    return fusion.derive_seed(base, step, sender)
+
+  def exchange(self, transport, senders, mean=False, divisor=None,
+               lossless_values=()):
+    """Encodes the local senders, moves the payloads, decodes and sums.
+
+    Args:
+      transport: moves the payloads (`ndq_tf.distribute.transports`).
+      senders: list of `LocalSender`, the senders this process encodes, in
+        sender order; their tensors have the same shapes and dtypes.
+      mean: divide the sum by `divisor` (default: the number of senders).
+      divisor: see `mean`.
+      lossless_values: the values of the same call that travel losslessly
+        (for the telemetry).
+
+    Returns:
+      One list of summed tensors (the senders' shapes and dtypes) per
+      receiver of `transport.exchange`, in its order.
+    """
+    options = self._options
+    num_senders = transport.num_senders
+    codecs = options.sender_codecs(num_senders)
+    plan = fusion.FusionPlan.from_tensors(senders[0].tensors,
+                                          codecs[0].bucket_size)
+    with tf.device(self._device):
+      step = self.step.read_value()
+    nested = [x.index for x in senders
+              if codecs[x.index].needs_side_information]
+    noise = variables = None
+    if nested:
+      variables = self.nested_state.variables_for(
+          plan.signature, len(senders), plan.total_size // plan.bucket_size)
+      if options.adaptive:
+        with tf.device(self._device):
+          # Each nested sender's own last noise, times its gain: known to
+          # the sender alone; only the steps it picks travel (in the wire).
+          noise = variables[0].read_value() * variables[1].read_value()
+
+    fused, wires = {}, []
+    for row, sender in enumerate(senders):
+      with tf.device(sender.device):
+        fused[sender.index] = plan.flatten(sender.tensors)
+        wires.append(fusion.encode_flat(
+            codecs[sender.index], fused[sender.index],
+            self.seed(sender.index, step), plan,
+            noise_scale=(noise[row] if noise is not None
+                         and sender.index in nested else None)))
+
+    words = [plan.wire_words(c) for c in codecs]
+    receptions = transport.exchange(
+        [(x.index, x.device, w) for x, w in zip(senders, wires)], words, step)
+
+    results, statistics = [], {}
+    for reception in receptions:
+      with tf.device(reception.device), \
+          tf.control_dependencies(reception.checks):
+        # A receiver derives every sender's seed from the step that sender
+        # used (the transport reports it), never from its own counter alone.
+        steps = reception.steps
+        seeds = [self.seed(k, step if steps is None else steps[k])
+                 for k in range(num_senders)]
+        me = reception.local_sender
+        if me in nested:
+          decoded, side = fusion.decode_senders(
+              codecs, reception.wires, seeds, plan,
+              return_side_information=True)
+          # The nested sender on this device knows its true gradient: its
+          # exact noise and real overloads (only [num_buckets] floats and
+          # a few scalars leave the device).
+          row = [x.index for x in senders].index(me)
+          statistics[me] = nested_state.sender_statistics(
+              codecs[me], reception.wires[me], fused[me], side[me],
+              decoded[me], plan,
+              noise_scale=None if noise is None else noise[row])
+        else:
+          decoded = fusion.decode_senders(codecs, reception.wires, seeds,
+                                          plan)
+        results.append(fusion.sum_decoded(decoded, plan, mean=mean,
+                                          divisor=divisor))
+
+    if nested:
+      self._update_nested_state(variables, senders, statistics, plan)
+    self._record(transport, plan, senders, words, lossless_values)
+    with tf.device(self._device):
+      self.step.assign_add(1)
+    return results
+
+  def _update_nested_state(self, variables, senders, statistics, plan):
+    """Stores the local nested senders' noise state and telemetry."""
+    scale_variable, gain_variable = variables
+    num_buckets = plan.total_size // plan.bucket_size
+    target = float(self._options.codec.overload_target)
+    with tf.device(self._device):
+      scales = scale_variable.read_value()
+      gains = gain_variable.read_value()
+      rows = []
+      for row, sender in enumerate(senders):
+        if sender.index in statistics:
+          rows.append(nested_state.update(
+              nested_state.NoiseState(scales[row], gains[row]),
+              statistics[sender.index], plan, target, self._options.adaptive))
+        else:  # A reference sender: no noise of its own.
+          rows.append(nested_state.NoiseState(
+              tf.fill([num_buckets], float("nan")), gains[row]))
+      scale_variable.assign(tf.stack([r.scale for r in rows]))
+      gain_variable.assign(tf.stack([r.gain for r in rows]))
+      self.telemetry.record_nested(
+          [dict(statistics[p], num_buckets=num_buckets)
+           for p in sorted(statistics)])
+
+  def _record(self, transport, plan, senders, words, lossless_values):
+    """Assigns the telemetry of this exchange."""
+    lossless_elements = tf.zeros([], tf.int64)
+    lossless_bits = tf.zeros([], tf.int64)
+    for value in lossless_values:
+      v = value.values[0] if isinstance(
+          value, tf_internals.DistributedValues) else value
+      if isinstance(v, tf.IndexedSlices):
+        # Sparse values and their indices, at their runtime size.
+        n = tf.size(v.values, out_type=tf.int64)
+        lossless_elements += n
+        lossless_bits += (n * v.values.dtype.size * 8
+                          + tf.size(v.indices, out_type=tf.int64)
+                          * v.indices.dtype.size * 8)
+        continue
+      v = tf.convert_to_tensor(v)
+      n = tf.size(v, out_type=tf.int64)
+      lossless_elements += n
+      lossless_bits += n * v.dtype.size * 8
+    local = [x.index for x in senders]
+    payload_bits = 32 * sum(words[k] for k in local)
+    with tf.device(self._device):
+      self.telemetry.record(
+          senders=transport.num_senders,
+          local_senders=len(senders),
+          payload_bits=payload_bits,
+          sent_bits=(payload_bits + transport.framing_bits(words, local)
+                     + lossless_bits * len(senders)),
+          compressed_elements=plan.num_elements,
+          lossless_elements=lossless_elements)

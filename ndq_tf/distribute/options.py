@@ -1,0 +1,303 @@
+"""`CompressionOptions`: what to compress and how, for every strategy alike.
+
+The analogue of `tf.distribute.experimental.CommunicationOptions` for the
+compressed exchange: one validated, serializable object used by
+`ndq_tf.CompressedAllReduce`, `ndq_tf.MirroredStrategy` and
+`ndq_tf.MultiWorkerMirroredStrategy`, so that the strategies accept the same
+codec forms and apply the same rules. The strategies keep their own
+constructor arguments and build one of these from them.
+"""
+
+import inspect
+
+import keras
+
+from ndq_tf import codecs as ndq_codecs
+
+__all__ = [
+    "DEFAULT_MIN_ELEMENTS",
+    "DEFAULT_REFERENCE_GROUP",
+    "CompressionOptions",
+    "coerce_codec",
+]
+
+#: Default `min_elements`: smaller tensors travel losslessly. Every tensor
+#: starts on a bucket boundary, so a tensor of `n < bucket_size` elements
+#: costs a whole bucket; below a few dozen elements compression *adds* bits,
+#: and below a few hundred it saves a negligible number of bits on the
+#: tensors (biases, norm scales) whose per-element error matters most. The
+#: measurement is in docs/benchmarks.md ("Why min_elements=256").
+DEFAULT_MIN_ELEMENTS = 256
+
+#: Default size of the reference group P1 of a nested codec: half the
+#: senders.
+DEFAULT_REFERENCE_GROUP = 0.5
+
+_CODEC_METHODS = ("encode", "decode", "to_wire", "from_wire", "wire_bits")
+
+
+def coerce_codec(codec, name="codec"):
+  """A codec instance from a codec, a spec string or a Keras config dict.
+
+  Args:
+    codec: an `ndq_tf` codec, a spec string for `ndq_tf.codecs.get`
+      (`"dqsg:num_levels=3"`) or a config dict from `ndq_tf.codecs.serialize`.
+    name: the argument's name, for error messages.
+
+  Returns:
+    The codec.
+
+  Raises:
+    TypeError: for a codec *class* (the message suggests the call), `None`,
+      or an object without the codec methods.
+    ValueError: for a string or dict that is not a codec spec.
+  """
+  if inspect.isclass(codec):
+    raise TypeError(
+        f"`{name}` must be a codec instance, not a class. Received: "
+        f"{name}={codec.__module__}.{codec.__qualname__}; call it: "
+        f"{name}={codec.__name__}().")
+  if isinstance(codec, (str, dict)):
+    try:
+      codec = ndq_codecs.get(codec)
+    except (ValueError, TypeError) as e:
+      raise ValueError(
+          f"`{name}` is not a codec spec ({e}). Received: {name}={codec!r}."
+      ) from None
+  missing = [m for m in _CODEC_METHODS if not callable(getattr(codec, m, None))]
+  if codec is None or missing:
+    raise TypeError(
+        f"`{name}` must be an ndq_tf codec (e.g. ndq_tf.DitheredCodec("
+        f"num_levels=3)), a spec string (e.g. 'dqsg:num_levels=3') or a "
+        f"codec config dict. Received: {name}={codec!r} of type "
+        f"{type(codec).__name__}.")
+  return codec
+
+
+def _check_int(value, name, low=None, high=None):
+  if isinstance(value, bool) or not isinstance(value, int) or (
+      low is not None and value < low) or (high is not None and value >= high):
+    bounds = []
+    if low is not None:
+      bounds.append(f">= {low}")
+    if high is not None:
+      bounds.append(f"< {high}")
+    raise ValueError(
+        f"`{name}` must be an integer {' and '.join(bounds)}. Received: "
+        f"{name}={value!r}.")
+  return value
+
+
+class CompressionOptions:
+  """What the compressed exchange compresses, and with which codecs.
+
+  Example:
+
+  >>> options = CompressionOptions("dqsg:num_levels=3", min_elements=1024)
+  >>> CompressionOptions.from_config(options.get_config()) == options
+  True
+
+  Args:
+    codec: the gradient codec: an `ndq_tf` codec, a spec string
+      (`"dqsg:num_levels=3"`) or a config dict.
+    min_elements: tensors with fewer elements travel losslessly (int >= 1).
+    seed: base seed of the dither, an integer in `[-2**31, 2**31)`.
+    compress_indexed_slices: densify `IndexedSlices` (embedding gradients)
+      of a static dense shape and compress them; off by default (a sparse
+      update is usually smaller than a dense compressed one).
+    reference_codec: nested `codec` only (required then): the codec of the
+      reference group P1, decoded first; without side information, with
+      `codec`'s `bucket_size`.
+    reference_group: nested `codec` only: size of P1 among the senders, an
+      int count `>= 1` or a fraction in `(0, 1)`; default 0.5.
+    adaptive: nested `codec` only: every nested sender encodes with its own
+      measured noise (see `ndq_tf.distribute.nested_state`). None: True
+      iff `codec.alpha == "mmse"` (which needs it).
+    group_argument: the name the caller gave `reference_group` (e.g.
+      `"reference_replicas"`, `"reference_workers"`), for error messages;
+      not part of the config.
+
+  Raises:
+    TypeError: if `codec` or `reference_codec` is not a codec (a class,
+      `None`, an object without the codec methods).
+    ValueError: for bad values, with the argument's name and value.
+  """
+
+  def __init__(self, codec, min_elements=DEFAULT_MIN_ELEMENTS, seed=0,
+               compress_indexed_slices=False, reference_codec=None,
+               reference_group=None, adaptive=None,
+               group_argument="reference_group"):
+    codec = coerce_codec(codec, "codec")
+    self._min_elements = _check_int(min_elements, "min_elements", low=1)
+    self._seed = _check_int(seed, "seed", low=-2**31, high=2**31)
+    if not isinstance(compress_indexed_slices, bool):
+      raise ValueError(
+          f"`compress_indexed_slices` must be a bool. Received: "
+          f"compress_indexed_slices={compress_indexed_slices!r}.")
+    self._compress_indexed_slices = compress_indexed_slices
+    self._group_argument = group_argument
+    self._codec = codec
+    (self._reference_codec, self._reference_group,
+     self._adaptive) = self._check_reference(codec, reference_codec,
+                                             reference_group, adaptive)
+
+  def _check_reference(self, codec, reference_codec, group, adaptive):
+    """Validates the nested-group arguments (the paper's Algorithm 2)."""
+    name = self._group_argument
+    if not getattr(codec, "needs_side_information", False):
+      if reference_codec is not None or group is not None or adaptive:
+        raise ValueError(
+            f"`reference_codec`, `{name}` and `adaptive` are only for a "
+            f"nested `codec` (one that needs side information). Received: "
+            f"codec={codec!r}, reference_codec={reference_codec!r}, "
+            f"{name}={group!r}, adaptive={adaptive!r}.")
+      return None, None, False
+    if reference_codec is None:
+      raise ValueError(
+          f"A nested `codec` ({codec!r}) needs side information: pass "
+          f"`reference_codec` (e.g. ndq_tf.DitheredCodec(num_levels=3)), the "
+          f"codec of the reference senders decoded first, and optionally "
+          f"`{name}` (a count or a fraction of the senders; default "
+          f"{DEFAULT_REFERENCE_GROUP}). Received: reference_codec=None.")
+    reference_codec = coerce_codec(reference_codec, "reference_codec")
+    if getattr(reference_codec, "needs_side_information", False):
+      raise ValueError(
+          f"`reference_codec` must not need side information (the reference "
+          f"senders are decoded first). Received: "
+          f"reference_codec={reference_codec!r}.")
+    if reference_codec.bucket_size != codec.bucket_size:
+      raise ValueError(
+          f"`reference_codec` must have the bucket size of `codec` (one "
+          f"fusion plan serves both). Received: reference_codec.bucket_size="
+          f"{reference_codec.bucket_size} and codec.bucket_size="
+          f"{codec.bucket_size}.")
+    if group is None:
+      group = DEFAULT_REFERENCE_GROUP
+    if isinstance(group, bool) or not (
+        (isinstance(group, int) and group >= 1) or
+        (isinstance(group, float) and 0 < group < 1)):
+      raise ValueError(
+          f"`{name}` must be an int >= 1 or a float in (0, 1). Received: "
+          f"{name}={group!r}.")
+    mmse = getattr(codec, "alpha", None) == "mmse"
+    if adaptive is None:
+      adaptive = mmse
+    if not isinstance(adaptive, bool):
+      raise ValueError(
+          f"`adaptive` must be a bool or None. Received: adaptive={adaptive!r}.")
+    if mmse and not adaptive:
+      raise ValueError(
+          f"`alpha='mmse'` is only defined in the adaptive mode: pass "
+          f"adaptive=True (or leave it None). Received: codec={codec!r}, "
+          f"adaptive=False.")
+    if adaptive:
+      if not getattr(codec, "accepts_noise_scale", False):
+        raise ValueError(
+            f"`adaptive=True` needs a codec whose encode takes `noise_scale` "
+            f"(ndq_tf.NestedDitheredCodec). Received: codec={codec!r}.")
+      if codec.coarse_ratio % 2 == 0:
+        raise ValueError(
+            f"`adaptive=True` needs an odd `coarse_ratio` (the codec's DQSG "
+            f"fallback is symmetric). Received: codec={codec!r}.")
+    return reference_codec, group, adaptive
+
+  @property
+  def codec(self):
+    return self._codec
+
+  @property
+  def min_elements(self):
+    return self._min_elements
+
+  @property
+  def seed(self):
+    return self._seed
+
+  @property
+  def compress_indexed_slices(self):
+    return self._compress_indexed_slices
+
+  @property
+  def reference_codec(self):
+    """The codec of the reference group P1 (None without a nested codec)."""
+    return self._reference_codec
+
+  @property
+  def reference_group(self):
+    """Size of P1: an int count or a fraction (None without a nested codec)."""
+    return self._reference_group
+
+  @property
+  def adaptive(self):
+    """Whether nested senders encode with their own measured noise."""
+    return self._adaptive
+
+  @property
+  def nested(self):
+    """Whether `codec` is nested (senders split into P1 and P2)."""
+    return self._reference_codec is not None
+
+  def reference_count(self, num_senders):
+    """Size of P1 among `num_senders` senders (0 without a nested codec).
+
+    A count is used as is; a fraction `f` gives `max(1, round(f·P))`, at
+    most `P - 1`. 0 with fewer than 2 senders (nothing is exchanged).
+
+    Raises:
+      ValueError: if an int count leaves no nested sender (`count >= P`).
+    """
+    group = self._reference_group
+    if group is None or num_senders < 2:
+      return 0
+    if isinstance(group, float):
+      return min(num_senders - 1, max(1, int(round(group * num_senders))))
+    if group >= num_senders:
+      name = self._group_argument
+      raise ValueError(
+          f"`{name}` must leave at least one nested sender among the "
+          f"{num_senders} senders (1 <= count < {num_senders}). Received: "
+          f"{name}={group!r}.")
+    return group
+
+  def sender_codecs(self, num_senders):
+    """The codec of every sender, in decode order (P1 first, then P2)."""
+    count = self.reference_count(num_senders)
+    return ([self._reference_codec] * count
+            + [self._codec] * (num_senders - count))
+
+  def get_config(self):
+    """The constructor arguments, codecs as Keras configs (JSON-able)."""
+    config = {
+        "codec": keras.saving.serialize_keras_object(self._codec),
+        "min_elements": self._min_elements,
+        "seed": self._seed,
+        "compress_indexed_slices": self._compress_indexed_slices,
+    }
+    if self.nested:
+      config["reference_codec"] = keras.saving.serialize_keras_object(
+          self._reference_codec)
+      config["reference_group"] = self._reference_group
+      config["adaptive"] = self._adaptive
+    return config
+
+  @classmethod
+  def from_config(cls, config, group_argument="reference_group"):
+    return cls(**config, group_argument=group_argument)
+
+  def __eq__(self, other):
+    if not isinstance(other, CompressionOptions):
+      return NotImplemented
+    return self.get_config() == other.get_config()
+
+  def __hash__(self):
+    return hash(repr(self))
+
+  def __repr__(self):
+    nested = ""
+    if self.nested:
+      nested = (f", reference_codec={self._reference_codec!r}, "
+                f"reference_group={self._reference_group!r}, "
+                f"adaptive={self._adaptive}")
+    return (f"CompressionOptions(codec={self._codec!r}, min_elements="
+            f"{self._min_elements}, seed={self._seed}, compress_indexed_slices="
+            f"{self._compress_indexed_slices}{nested})")

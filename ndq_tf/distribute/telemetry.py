@@ -1,0 +1,158 @@
+"""One telemetry vocabulary for every strategy and transport.
+
+`Telemetry` keeps, in host variables, what the last compressed exchange of
+this process did; `result()` reads it as a dict of Python numbers with the
+keys below, the same for `ndq_tf.MirroredStrategy` and
+`ndq_tf.MultiWorkerMirroredStrategy`. `ndq_tf.CompressionStats` puts
+`wire_bits_per_element`, `compression_ratio` and, with a nested codec,
+`overload_rate` and `fallback_fraction` in the Keras logs.
+
+"This process" is one `MirroredStrategy` (which encodes for all its
+replicas: every replica is a sender) or one worker of a multi-worker job
+(which sums its devices and encodes once: one sender).
+
+Keys (all of the last compressed exchange):
+
+* `step`: compressed exchanges so far (the dither's step counter).
+* `transport`: the transport's name (`"device_copy"`, `"all_gather"`).
+* `senders`: senders in the exchange, all processes together.
+* `local_senders`: senders this process encoded.
+* `sent_bits`: bits this process's senders put on the wire: their packed
+  payloads with the transport's framing (headers, padding to a common
+  length), plus the tensors of the same call sent losslessly, at their
+  width, once per local sender.
+* `payload_bits`: the codec payloads alone, all local senders.
+* `compressed_elements`, `lossless_elements`: gradient elements per sender
+  in the call that were compressed, and that travelled losslessly beside
+  them (small tensors, `IndexedSlices`, integers; sparse values counted by
+  their runtime size).
+* `wire_bits_per_element`: `sent_bits` per local sender and element of the
+  call (compressed and lossless): 32 for float32 everywhere.
+* `compression_ratio`: float32 bits of the same elements / `sent_bits`.
+
+With a nested codec, about this process's nested senders (none on a
+reference worker: zeros):
+
+* `overloads`: real elements of nested buckets that decoded wrong, counted
+  by their senders from their own gradients (ground truth).
+* `nested_elements`: real elements sent in nested (not fallback) buckets.
+* `overload_rate`: `overloads / nested_elements`; 0 when no element was
+  sent nested (then `fallback_fraction` says why).
+* `overload_probability`: what a Gaussian noise of the measured per-bucket
+  RMS would overload per nested element; 0 when none was sent nested.
+* `fallback_fraction`: buckets of the nested senders sent as DQSG; 0
+  without nested senders here.
+"""
+
+import tensorflow as tf
+
+__all__ = [
+    "KEYS",
+    "NESTED_KEYS",
+    "Telemetry",
+]
+
+KEYS = ("step", "transport", "senders", "local_senders", "sent_bits",
+        "payload_bits", "compressed_elements", "lossless_elements",
+        "wire_bits_per_element", "compression_ratio")
+NESTED_KEYS = ("overloads", "nested_elements", "overload_rate",
+               "overload_probability", "fallback_fraction")
+
+_COUNTERS = ("senders", "local_senders", "sent_bits", "payload_bits",
+             "compressed_elements", "lossless_elements")
+_NESTED_COUNTERS = ("overloads", "nested_elements", "fallback_buckets",
+                    "nested_buckets")
+
+
+class Telemetry(tf.Module):
+  """Host variables describing the last compressed exchange of this process.
+
+  Args:
+    transport: the transport's name.
+    nested: whether to keep the nested counters.
+    device: where the variables live.
+  """
+
+  def __init__(self, transport, nested, device="/device:CPU:0"):
+    super().__init__(name="telemetry")
+    self._transport = transport
+    self._nested = nested
+    with tf.init_scope(), tf.device(device):
+      self._counters = {
+          key: tf.Variable(0, dtype=tf.int64, trainable=False, name=key)
+          for key in _COUNTERS + (_NESTED_COUNTERS if nested else ())}
+      if nested:
+        self._expected = tf.Variable(0.0, dtype=tf.float64, trainable=False,
+                                     name="expected_overloads")
+
+  @property
+  def transport(self):
+    return self._transport
+
+  def record(self, **values):
+    """Assigns the counters of one exchange; returns the assign ops.
+
+    Args:
+      **values: integer scalars (Python or tensors) for `senders`,
+        `local_senders`, `sent_bits`, `payload_bits`,
+        `compressed_elements`, `lossless_elements`.
+    """
+    unknown = set(values) - set(_COUNTERS)
+    if unknown:
+      raise ValueError(f"Unknown telemetry keys: {sorted(unknown)}.")
+    return [self._counters[k].assign(tf.cast(v, tf.int64))
+            for k, v in values.items()]
+
+  def record_nested(self, statistics):
+    """Assigns the nested counters from the local nested senders' statistics.
+
+    Args:
+      statistics: list of `nested_state.sender_statistics` dicts, one per
+        nested sender of this process (may be empty), each with
+        `num_buckets`.
+    """
+    if not self._nested:
+      return []
+
+    def total(key, dtype):
+      parts = [tf.cast(s[key], dtype) for s in statistics]
+      return tf.add_n(parts) if parts else tf.zeros([], dtype)
+
+    c = self._counters
+    buckets = sum(int(s["num_buckets"]) for s in statistics)
+    return [
+        c["overloads"].assign(total("overloads", tf.int64)),
+        c["nested_elements"].assign(total("nested_elements", tf.int64)),
+        c["fallback_buckets"].assign(total("fallback_buckets", tf.int64)),
+        c["nested_buckets"].assign(buckets),
+        self._expected.assign(total("expected_overloads", tf.float64)),
+    ]
+
+  def result(self, step):
+    """The telemetry of the last exchange, as a dict (see the module doc).
+
+    Args:
+      step: the exchange's step counter (an int), reported as `step`.
+    """
+    value = {k: int(v.numpy()) for k, v in self._counters.items()}
+    out = {"step": int(step), "transport": self._transport}
+    for key in _COUNTERS:
+      out[key] = value[key]
+    elements = value["compressed_elements"] + value["lossless_elements"]
+    per_sender = elements * value["local_senders"]
+    sent = value["sent_bits"]
+    out["wire_bits_per_element"] = (sent / per_sender if per_sender
+                                    else float("nan"))
+    out["compression_ratio"] = 32 * per_sender / sent if sent else float(
+        "nan")
+    if self._nested:
+      nested = value["nested_elements"]
+      out["overloads"] = value["overloads"]
+      out["nested_elements"] = nested
+      out["overload_rate"] = value["overloads"] / nested if nested else 0.0
+      out["overload_probability"] = (
+          float(self._expected.numpy()) / nested if nested else 0.0)
+      buckets = value["nested_buckets"]
+      out["fallback_fraction"] = (value["fallback_buckets"] / buckets
+                                  if buckets else 0.0)
+    return out

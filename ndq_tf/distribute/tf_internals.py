@@ -1,0 +1,218 @@
+"""The one module that reaches into TensorFlow's and Keras' internals.
+
+`tf.distribute.CrossDeviceOps` must return per-device results as `Mirrored`
+values, which only TF's internal modules can build, and a compressed
+`MultiWorkerMirroredStrategy` must subclass TF's collective strategy and its
+extended. Nothing else in `ndq_tf` imports `tensorflow.python.*` or
+`keras.src.*`: when TF or Keras move a name, this module is the only place
+to mend, and the error says what is missing.
+
+Two tiers:
+
+* What `ndq_tf.MirroredStrategy` and `ndq_tf.CompressedAllReduce` need is
+  imported here at import time; if it is missing, `import ndq_tf` fails
+  with an `ImportError` naming the TF version and the missing name.
+* What only `ndq_tf.MultiWorkerMirroredStrategy` needs is imported too, but a
+  failure is kept, not raised: `import ndq_tf` keeps working for single-host
+  users, and `multi_worker()` raises the stored error when the multi-worker
+  strategy is built.
+
+Tested with the versions in `TESTED_TENSORFLOW` and `TESTED_KERAS`
+(`setup.py` bounds the install to them).
+"""
+
+import types
+
+import keras
+import tensorflow as tf
+
+__all__ = [
+    "MINIMUM_TENSORFLOW",
+    "MULTI_WORKER_BASES",
+    "TESTED_KERAS",
+    "TESTED_TENSORFLOW",
+    "KerasSaveable",
+    "Mirrored",
+    "PerReplica",
+    "Trackable",
+    "DistributedValues",
+    "cross_device_ops_of",
+    "get_devices_from",
+    "in_xla_context",
+    "is_jit_compiled",
+    "multi_worker",
+    "multi_worker_available",
+    "plain_variable",
+    "regroup_mirrored",
+]
+
+#: Oldest TensorFlow whose internals this module knows.
+MINIMUM_TENSORFLOW = (2, 16)
+#: The versions the test suite ran on (`major.minor`).
+TESTED_TENSORFLOW = "2.21"
+TESTED_KERAS = "3.15"
+
+
+def _version(text):
+  parts = []
+  for part in text.split(".")[:2]:
+    digits = "".join(c for c in part if c.isdigit())
+    parts.append(int(digits or 0))
+  return tuple(parts)
+
+
+if _version(tf.__version__) < MINIMUM_TENSORFLOW:
+  raise ImportError(
+      f"ndq_tf needs TensorFlow >= {'.'.join(map(str, MINIMUM_TENSORFLOW))} "
+      f"(tested with {TESTED_TENSORFLOW}). Received: TensorFlow "
+      f"{tf.__version__}.")
+if _version(keras.__version__) < (3, 0):
+  raise ImportError(
+      f"ndq_tf needs Keras 3 (tested with {TESTED_KERAS}). Received: Keras "
+      f"{keras.__version__}.")
+
+
+def _missing(name, error):
+  return ImportError(
+      f"ndq_tf could not import the TensorFlow internal {name} with "
+      f"TensorFlow {tf.__version__} (ndq_tf is tested with "
+      f"{TESTED_TENSORFLOW}): {error}. Install a tested version "
+      f"(pip install 'tensorflow=={TESTED_TENSORFLOW}.*').")
+
+
+try:
+  # pylint: disable=g-direct-tensorflow-import
+  from tensorflow.python.distribute import cross_device_ops as _cross_device_ops_lib
+  from tensorflow.python.distribute import distribute_utils as _distribute_utils
+  from tensorflow.python.distribute import values as _value_lib
+  from tensorflow.python.ops import control_flow_util as _control_flow_util
+  from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
+  # pylint: enable=g-direct-tensorflow-import
+  DistributedValues = _value_lib.DistributedValues
+  Mirrored = _value_lib.Mirrored
+  PerReplica = _value_lib.PerReplica
+  get_devices_from = _cross_device_ops_lib.get_devices_from
+  _regroup = _distribute_utils.regroup
+  _in_xla = _control_flow_util.GraphOrParentsInXlaContext
+  _ResourceVariable = _resource_variable_ops.ResourceVariable
+except (ImportError, AttributeError) as e:  # pragma: no cover
+  raise _missing("modules of MirroredStrategy", e) from e
+
+try:
+  # Keras' weights files (model.save_weights, BackupAndRestore) hold the
+  # state of every `KerasSaveable` reachable from the model's attributes;
+  # `model.distribute_strategy` is one. The class is not exported by the
+  # public API (Keras 3.15). Without it, the strategies' state is still
+  # saved by tf.train.Checkpoint, only not in .weights.h5 files.
+  from keras.src.saving.keras_saveable import KerasSaveable  # pylint: disable=g-import-not-at-top
+except ImportError:  # pragma: no cover
+  KerasSaveable = object
+
+
+#: Base class of objects that `tf.train.Checkpoint` can track.
+Trackable = tf.__internal__.tracking.Trackable
+
+
+def regroup_mirrored(per_device):
+  """One `Mirrored` value from one tensor per device (in device order)."""
+  return _regroup(list(per_device), wrap_class=Mirrored)
+
+
+def cross_device_ops_of(strategy):
+  """The `CrossDeviceOps` a strategy reduces with (None if it has none)."""
+  return getattr(getattr(strategy, "extended", None), "_cross_device_ops",
+                 None)
+
+
+def in_xla_context():
+  """Whether the graph being built is (inside) an XLA-compiled function."""
+  return bool(_in_xla(tf.compat.v1.get_default_graph()))
+
+
+def is_jit_compiled(fn):
+  """Whether `fn` is a `tf.function` compiled with XLA (`jit_compile=True`).
+
+  Raises:
+    ImportError: if `fn` is a `tf.function` but this TF version no longer
+      exposes how it was compiled: the check would otherwise turn off
+      without a word.
+  """
+  if not isinstance(fn, tf.types.experimental.PolymorphicFunction):
+    return False
+  try:
+    return bool(fn._jit_compile)  # pylint: disable=protected-access
+  except AttributeError as e:  # pragma: no cover
+    raise _missing("tf.function._jit_compile", e) from e
+
+
+def plain_variable(initial_value, **kwargs):
+  """A plain host `tf.Variable`, even inside a distribution strategy's scope.
+
+  `batch_reduce` runs inside the strategy's scope (merge_call), where
+  `tf.Variable` would make a mirrored variable; the exchange's counters and
+  noise state are one variable of this process.
+  """
+  return _ResourceVariable(initial_value=initial_value, **kwargs)
+
+
+def _load_multi_worker():
+  # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top
+  from tensorflow.python.distribute import collective_all_reduce_strategy
+  from tensorflow.python.distribute import cross_device_utils
+  from tensorflow.python.distribute import distribute_lib
+  from tensorflow.python.distribute import values_util
+  # pylint: enable=g-direct-tensorflow-import,g-import-not-at-top
+  namespace = types.SimpleNamespace(
+      CollectiveAllReduce=_cross_device_ops_lib.CollectiveAllReduce,
+      CollectiveAllReduceStrategy=(
+          collective_all_reduce_strategy.CollectiveAllReduceStrategy),
+      CollectiveAllReduceExtended=(
+          collective_all_reduce_strategy.CollectiveAllReduceExtended),
+      CollectiveReplicaLauncher=cross_device_utils.CollectiveReplicaLauncher,
+      Strategy=distribute_lib.Strategy,
+      mark_as_unsaveable=values_util.mark_as_unsaveable,
+  )
+  # Used by name later; check now, so that a rename fails at once.
+  for owner, attr in ((namespace.CollectiveReplicaLauncher, "_all_gather"),
+                      (namespace.CollectiveAllReduceExtended,
+                       "_initialize_multi_worker"),
+                      (namespace.CollectiveAllReduceExtended,
+                       "_initialize_local"),
+                      (namespace.CollectiveAllReduceExtended,
+                       "_replica_ctx_all_reduce"),
+                      (namespace.CollectiveAllReduceExtended,
+                       "_use_merge_call")):
+    if not hasattr(owner, attr):
+      raise AttributeError(f"{owner.__name__}.{attr}")
+  return namespace
+
+
+try:
+  _MULTI_WORKER = _load_multi_worker()
+  _MULTI_WORKER_ERROR = None
+except (ImportError, AttributeError) as e:  # pragma: no cover
+  _MULTI_WORKER = None
+  _MULTI_WORKER_ERROR = _missing("modules of MultiWorkerMirroredStrategy", e)
+
+#: The base classes of the multi-worker strategy: TF's, or `object` when
+#: they are missing (the strategy's constructor then raises the stored
+#: error, and `import ndq_tf` still works).
+MULTI_WORKER_BASES = _MULTI_WORKER or types.SimpleNamespace(
+    CollectiveAllReduce=object, CollectiveAllReduceStrategy=object,
+    CollectiveAllReduceExtended=object)
+
+
+def multi_worker():
+  """The internals of the multi-worker strategy, as a namespace.
+
+  Raises:
+    ImportError: if this TensorFlow lacks one of them (the message names it).
+  """
+  if _MULTI_WORKER is None:
+    raise _MULTI_WORKER_ERROR
+  return _MULTI_WORKER
+
+
+def multi_worker_available():
+  """Whether `multi_worker()` would succeed."""
+  return _MULTI_WORKER is not None

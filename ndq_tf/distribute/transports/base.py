@@ -1,0 +1,57 @@
+"""What a transport does for `ndq_tf.distribute.engine.ExchangeEngine`."""
+
+import abc
+import collections
+
+__all__ = [
+    "Reception",
+    "Transport",
+]
+
+#: What one receiver of this process got: its `device`, every sender's
+#: payload in sender order (`wires`), the step each sender stamped on its
+#: payload (`steps`, a list or an `int32` tensor; None when every sender
+#: shares this process's counter), the index of the sender on the same
+#: device (`local_sender`, None if none) and ops that must run before the
+#: payloads are decoded (`checks`).
+Reception = collections.namedtuple(
+    "Reception", ["device", "wires", "steps", "local_sender", "checks"])
+
+
+class Transport(abc.ABC):
+  """Moves every sender's `int32` payload to every receiver.
+
+  Subclasses know how many senders the exchange has and where the
+  receivers of this process are; they never look inside a payload.
+  """
+
+  #: The name reported in the telemetry.
+  name = None
+
+  @property
+  @abc.abstractmethod
+  def num_senders(self):
+    """Senders of the exchange, all processes together."""
+
+  @abc.abstractmethod
+  def exchange(self, local_wires, words, step):
+    """Moves the local senders' payloads; returns a list of `Reception`.
+
+    Args:
+      local_wires: `(sender index, device, 1-D int32 payload)` of every
+        sender this process encodes.
+      words: the payload length (`int32` words) of every sender, in sender
+        order: the receivers cut the payloads by it.
+      step: the `int32` step of this exchange (a transport that frames its
+        payloads stamps it on them).
+    """
+
+  def framing_bits(self, words, local_senders):
+    """Bits this process sends beyond its senders' payloads (headers, padding).
+
+    Args:
+      words: payload words of every sender.
+      local_senders: indices of the senders this process encodes.
+    """
+    del words, local_senders
+    return 0
