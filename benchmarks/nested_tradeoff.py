@@ -155,7 +155,7 @@ def _round_trip(codec, data, y=None, noise_scale=None):
   payload = (codec.encode(x, seed, **kwargs) if codec.needs_encode_seed
              else codec.encode(x))
   dec = {}
-  if codec.needs_seed:
+  if codec.decoder_needs_seed:
     dec["seed"] = seed
   if codec.needs_side_information:
     dec["side_information"] = tf.constant(y)

@@ -167,7 +167,7 @@ class DeterminismTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.parameters("half_order2", "qsgd", "terngrad")
   def test_decode_needs_no_seed(self, name):
     codec = CODECS[name]
-    self.assertFalse(codec.needs_seed)
+    self.assertFalse(codec.decoder_needs_seed)
     x = _signal(N)
     payload = codec.encode(x, SEED)
     self.assertAllEqual(codec.decode(payload), codec.decode(payload, SEED))
@@ -858,8 +858,23 @@ class ConfigTest(tf.test.TestCase, parameterized.TestCase):
     self.assertTrue(codec.needs_side_information)
     codec = ndq_tf.DitheredCodec(num_levels=4, bucket_size=128)
     self.assertEqual(codec.step, 0.25)
-    self.assertTrue(codec.needs_seed)
-    self.assertFalse(ndq_tf.HalfDitheredCodec().needs_seed)
+    self.assertTrue(codec.decoder_needs_seed)
+    self.assertFalse(ndq_tf.HalfDitheredCodec().decoder_needs_seed)
+
+  def test_bucketed_codecs_share_the_public_base_class(self):
+    for name in BUCKETED:
+      self.assertIsInstance(CODECS[name], codecs.BucketedCodec, msg=name)
+    for name in ("float32", "float16"):
+      self.assertNotIsInstance(CODECS[name], codecs.BucketedCodec, msg=name)
+
+  @parameterized.parameters(*_codec_params(CODECS))
+  def test_only_the_decoder_seed_flag_exists(self, name):
+    # `needs_seed` was renamed before any release: no alias is kept.
+    codec = CODECS[name]
+    self.assertIsInstance(codec.decoder_needs_seed, bool)
+    self.assertFalse(hasattr(codec, "needs_seed"))
+    self.assertEqual(codec.decoder_needs_seed,
+                     name.startswith(("dqsg", "ndqsg")))
 
   @parameterized.parameters(
       ("dqsg", ndq_tf.DitheredCodec()),

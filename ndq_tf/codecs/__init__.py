@@ -6,6 +6,7 @@ from ndq_tf.codecs.baselines import Float16Codec
 from ndq_tf.codecs.baselines import Float32Codec
 from ndq_tf.codecs.baselines import QSGDCodec
 from ndq_tf.codecs.baselines import TernGradCodec
+from ndq_tf.codecs.bucketed import BucketedCodec
 from ndq_tf.codecs.dithered import DitheredCodec
 from ndq_tf.codecs.dithered import HalfDitheredCodec
 from ndq_tf.codecs.nested import NestedDitheredCodec

@@ -160,14 +160,14 @@ def normalize(xb, step):
 class Codec:
   """Base class of all codecs.
 
-  Subclasses set `needs_seed` / `needs_side_information` and implement
+  Subclasses set `decoder_needs_seed` / `needs_side_information` and implement
   `_num_words`, `_num_scales`, `_encode_flat` and `_decode_flat` as pure TF
   functions of flat tensors; this class handles validation, shapes, dtypes,
   compilation and the wire layout.
   """
 
   #: Whether `decode` needs the encoder's seed (to subtract the dither).
-  needs_seed = False
+  decoder_needs_seed = False
   #: Whether `encode` uses randomness (and so needs a seed).
   needs_encode_seed = False
   #: Whether `decode` needs `side_information` (nested codecs).
@@ -296,7 +296,7 @@ class Codec:
 
     Args:
       payload: a `Payload` from `encode` (or `from_wire`).
-      seed: the encoder's seed; required when `needs_seed`.
+      seed: the encoder's seed; required when `decoder_needs_seed`.
       side_information: the receiver's estimate of the tensor, of the same
         shape; required by nested codecs, rejected by the others.
 
@@ -310,7 +310,7 @@ class Codec:
       raise TypeError(
           f"`payload` must be an ndq_tf Payload (from encode or from_wire). "
           f"Received: payload of type {type(payload).__name__}.")
-    seed = self._check_seed(seed, self.needs_seed, "decode")
+    seed = self._check_seed(seed, self.decoder_needs_seed, "decode")
     cdtype = compute_dtype(payload.dtype)
     n = payload.shape.num_elements()
     if self.needs_side_information:

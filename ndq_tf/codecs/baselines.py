@@ -5,12 +5,13 @@ References:
   Quantization and Encoding. NeurIPS 2017.
   W. Wen et al. TernGrad: Ternary Gradients to Reduce Communication in
   Distributed Deep Learning. NeurIPS 2017.
+  docs/algorithms.md#baselines-qsgd-and-terngrad: how they are computed here.
 """
 
 import tensorflow as tf
 
 from ndq_tf.codecs import base
-from ndq_tf.codecs import dithered
+from ndq_tf.codecs import bucketed
 
 __all__ = [
     "Float32Codec",
@@ -61,10 +62,10 @@ class Float16Codec(base.Codec):
     return tf.cast(half, dtype)
 
 
-class _StochasticRoundingCodec(dithered._BucketedCodec):  # pylint: disable=protected-access
+class _StochasticRoundingCodec(bucketed.BucketedCodec):
   """Scale per bucket, then unbiased stochastic rounding to `{-s..s}`."""
 
-  needs_seed = False
+  decoder_needs_seed = False
   needs_encode_seed = True
   _norm = "max"
   _levels = 1
@@ -109,7 +110,7 @@ class QSGDCodec(_StochasticRoundingCodec):
 
   def __init__(self, num_levels=1, bucket_size=512):
     self._levels = base.check_int("num_levels", num_levels, 1,
-                                  dithered._MAX_LEVELS)  # pylint: disable=protected-access
+                                  bucketed.MAX_LEVELS)
     self._bucket_size = base.check_int("bucket_size", bucket_size, 1)
 
   @property

@@ -4,12 +4,14 @@ References:
   A. Abdi, F. Fekri. Nested Dithered Quantization for Communication
   Reduction in Distributed Training. arXiv:1904.01197, 2019. Sections on
   dithered and half-dithered quantization; Algorithm 1.
+  docs/algorithms.md#dqsg-subtractive-dither and
+  docs/algorithms.md#half-dithered-quantization write the equations out.
 """
 
 import tensorflow as tf
 
 from ndq_tf.codecs import base
-from ndq_tf.ops import packing_ops
+from ndq_tf.codecs import bucketed
 from ndq_tf.ops import quantization_ops
 
 __all__ = [
@@ -17,86 +19,9 @@ __all__ = [
     "HalfDitheredCodec",
 ]
 
-_MAX_LEVELS = 32767  # 2M + 1 symbols must fit the packer's alphabet.
-
-
-class _BucketedCodec(base.Codec):
-  """A codec with one float32 scale per bucket and radix-packed codes.
-
-  Subclasses implement, on `[B, d]` buckets in the compute dtype:
-  `_quantize(xb, scales, seed) -> int32 codes in [-offset, L - offset)` and
-  `_dequantize(q, scales, seed, side_information) -> values`, and set
-  `_offset`. Encoding and decoding run as two XLA computations each
-  (quantize, pack; unpack, dequantize) with the codes as bytes in between:
-  each then compiles to a vectorized loop, where a single fused computation
-  compiles to a scalar one on XLA:CPU (measured: about twice as slow).
-  """
-
-  _norm = "max"
-
-  @property
-  def bucket_size(self):
-    return self._bucket_size
-
-  def _num_scales(self, num_elements):
-    return -(-num_elements // self.bucket_size)
-
-  def _num_words(self, num_elements):
-    return packing_ops.num_words(num_elements, self.alphabet_size)
-
-  @property
-  def _symbol_dtype(self):
-    return tf.uint8 if self.alphabet_size <= 256 else tf.int32
-
-  def _quantize_stage(self, x, seed, noise_scale=None):
-    xb = base.to_buckets(x, self.bucket_size)
-    scales = base.bucket_scales(xb, self._norm)
-    if noise_scale is None:
-      q = self._quantize(xb, scales, seed)
-    else:
-      q, scales = self._quantize_adaptive(xb, scales, seed, noise_scale)
-    symbols = base.from_buckets(q, x.shape[0]) + self._offset
-    return tf.cast(symbols, self._symbol_dtype), scales
-
-  def _pack_stage(self, symbols):
-    return packing_ops.pack_codes(symbols, self.alphabet_size)
-
-  def _unpack_stage(self, words):
-    symbols = packing_ops.unpack_planar_codes(words, self.alphabet_size)
-    return tf.cast(symbols, self._symbol_dtype)
-
-  def _dequantize_stage(self, symbols, scales, n, seed, side_information,
-                        dtype):
-    q = tf.cast(tf.reshape(symbols, [-1])[:n], dtype) - self._offset
-    q = base.to_buckets(q, self.bucket_size)
-    if side_information is not None:
-      side_information = base.to_buckets(side_information, self.bucket_size)
-    return base.from_buckets(
-        self._dequantize(q, tf.cast(scales, dtype), seed, side_information), n)
-
-  def _encode_impl(self, flat, seed, noise_scale=None):
-    symbols, scales = self._compiled("_quantize_stage")(flat, seed,
-                                                        noise_scale)
-    return self._compiled("_pack_stage")(symbols), scales
-
-  def _decode_impl(self, words, scales, n, seed, side_information, dtype):
-    symbols = self._compiled("_unpack_stage")(words)
-    return self._compiled("_dequantize_stage")(symbols, scales, n, seed,
-                                               side_information, dtype)
-
-  # The one-computation forms, for callers that compile a whole step.
-  def _encode_flat(self, x, seed):
-    symbols, scales = self._quantize_stage(x, seed)
-    return self._pack_stage(symbols), scales
-
-  def _decode_flat(self, words, scales, n, seed, side_information, dtype):
-    symbols = self._unpack_stage(words)
-    return self._dequantize_stage(symbols, scales, n, seed, side_information,
-                                  dtype)
-
 
 @base.register
-class DitheredCodec(_BucketedCodec):
+class DitheredCodec(bucketed.BucketedCodec):
   """Dithered quantization with subtractive dither (DQSG).
 
   Each bucket of `bucket_size` values is scaled by its max-norm `κ`, and
@@ -124,11 +49,12 @@ class DitheredCodec(_BucketedCodec):
     ValueError: for an argument out of range.
   """
 
-  needs_seed = True
+  decoder_needs_seed = True
   needs_encode_seed = True
 
   def __init__(self, num_levels=1, bucket_size=512):
-    self._num_levels = base.check_int("num_levels", num_levels, 1, _MAX_LEVELS)
+    self._num_levels = base.check_int("num_levels", num_levels, 1,
+                                      bucketed.MAX_LEVELS)
     self._bucket_size = base.check_int("bucket_size", bucket_size, 1)
 
   @property
@@ -167,7 +93,7 @@ class DitheredCodec(_BucketedCodec):
 
 
 @base.register
-class HalfDitheredCodec(_BucketedCodec):
+class HalfDitheredCodec(bucketed.BucketedCodec):
   """Half-dithered quantization: dither at the encoder only.
 
   `q = round((x + u)/Δ)` with `u` the sum of `dither_order` independent
@@ -186,17 +112,19 @@ class HalfDitheredCodec(_BucketedCodec):
     dither_order: `m >= 1`, the number of uniforms summed into the dither.
   """
 
-  needs_seed = False
+  decoder_needs_seed = False
   needs_encode_seed = True
 
   def __init__(self, num_levels=1, bucket_size=512, dither_order=2):
-    self._num_levels = base.check_int("num_levels", num_levels, 1, _MAX_LEVELS)
+    self._num_levels = base.check_int("num_levels", num_levels, 1,
+                                      bucketed.MAX_LEVELS)
     self._bucket_size = base.check_int("bucket_size", bucket_size, 1)
     self._dither_order = base.check_int("dither_order", dither_order, 1, 64)
-    if self.alphabet_size > _MAX_LEVELS * 2 + 1:
+    if self.alphabet_size > bucketed.MAX_LEVELS * 2 + 1:
       raise ValueError(
-          f"`num_levels` + `dither_order` // 2 must be at most {_MAX_LEVELS} "
-          f"(the codes' alphabet must pack into int32 words). Received: "
+          f"`num_levels` + `dither_order` // 2 must be at most "
+          f"{bucketed.MAX_LEVELS} (the codes' alphabet must pack into int32 "
+          f"words). Received: "
           f"num_levels={num_levels!r}, dither_order={dither_order!r}.")
 
   @property

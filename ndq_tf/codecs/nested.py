@@ -4,20 +4,22 @@ References:
   A. Abdi, F. Fekri. Nested Dithered Quantization for Communication
   Reduction in Distributed Training. arXiv:1904.01197, 2019. Section on
   nested quantization; Algorithm 2.
+  docs/algorithms.md#nested-dithered-quantization-ndqsg writes the
+  equations out (overload, MMSE `α`, the adaptive step).
 """
 
 import tensorflow as tf
 
 from ndq_tf import theory
 from ndq_tf.codecs import base
-from ndq_tf.codecs import dithered
+from ndq_tf.codecs import bucketed
 from ndq_tf.ops import quantization_ops
 
 __all__ = ["NestedDitheredCodec"]
 
 
 @base.register
-class NestedDitheredCodec(dithered._BucketedCodec):  # pylint: disable=protected-access
+class NestedDitheredCodec(bucketed.BucketedCodec):
   """Nested dithered quantization: only the fine bin inside a coarse cell.
 
   In max-normalized units (`x = g/κ`, one `κ` per bucket) the fine step is
@@ -72,7 +74,7 @@ class NestedDitheredCodec(dithered._BucketedCodec):  # pylint: disable=protected
     ValueError: for an argument out of range.
   """
 
-  needs_seed = True
+  decoder_needs_seed = True
   needs_encode_seed = True
   needs_side_information = True
 
@@ -81,7 +83,7 @@ class NestedDitheredCodec(dithered._BucketedCodec):  # pylint: disable=protected
   def __init__(self, num_levels=3, coarse_ratio=3, alpha=1.0, bucket_size=512,
                overload_target=1e-4):
     self._num_levels = base.check_int("num_levels", num_levels, 1,
-                                      dithered._MAX_LEVELS)  # pylint: disable=protected-access
+                                      bucketed.MAX_LEVELS)
     self._coarse_ratio = base.check_int("coarse_ratio", coarse_ratio, 2, 65536)
     if alpha != "mmse":
       if isinstance(alpha, str):

@@ -1,0 +1,140 @@
+"""The base class of the codecs that scale buckets and radix-pack codes.
+
+References:
+  A. Abdi, F. Fekri. Nested Dithered Quantization for Communication
+  Reduction in Distributed Training. arXiv:1904.01197, 2019. Section on
+  dithered quantization (the scale factor and the partition of the gradient
+  into `K` sub-vectors). docs/algorithms.md#buckets-and-scales and
+  docs/algorithms.md#wire-format write the equations out.
+"""
+
+import tensorflow as tf
+
+from ndq_tf.codecs import base
+from ndq_tf.ops import packing_ops
+
+__all__ = [
+    "BucketedCodec",
+    "MAX_LEVELS",
+]
+
+#: The largest `num_levels` of a bucketed codec: its `2M + 1` symbols must
+#: fit the packer's alphabet (at most 65536 symbols).
+MAX_LEVELS = 32767
+
+
+class BucketedCodec(base.Codec):
+  """A codec with one float32 scale per bucket and radix-packed codes.
+
+  A *bucket* is a run of `bucket_size` consecutive elements of the flattened
+  tensor (the last one is padded with zeros): the paper's partition of the
+  gradient into `K` sub-vectors. Each bucket `b` gets one scale `κ_b`, its
+  max-norm `max_i |g_i|` (or its L2 norm, for `_norm = "l2"`), rounded up to
+  float32 and sent on the wire; the quantizer sees `x = g/κ_b ∈ [-1, 1]`. A
+  bucket of zeros has `κ_b = 0` and decodes to zeros; a bucket holding a NaN
+  or an Inf gets the scale NaN and decodes to NaN. Smaller buckets mean
+  smaller scales, so smaller errors, for 32 more bits each.
+
+  The codes of all buckets are shifted to symbols `[0, alphabet_size)` and
+  radix-packed into `int32` words (`ndq_tf.ops.pack_codes`); the payload is
+  those words plus the scales (docs/algorithms.md#wire-format).
+
+  A subclass plugs in by setting `alphabet_size`, `_offset` (the code that
+  maps to symbol 0 is `-_offset`), `_norm` (`"max"` or `"l2"`), and
+  `_bucket_size`, and by implementing, on `[B, bucket_size]` buckets in the
+  compute dtype:
+
+  * `_quantize(xb, scales, seed)`: `int32` codes in
+    `[-_offset, alphabet_size - _offset)`, with `scales` the `[B]` float32
+    scales the receivers will see;
+  * `_dequantize(q, scales, seed, side_information)`: the decoded values
+    (`side_information` is `None` unless `needs_side_information`, then
+    bucketed like `q`);
+  * optionally `_quantize_adaptive(xb, scales, seed, noise_scale)`, returning
+    `(codes, wire_scales)`, for a codec with `accepts_noise_scale`.
+
+  Encoding and decoding run as two XLA computations each (quantize, pack;
+  unpack, dequantize) with the codes as bytes in between: each then compiles
+  to a vectorized loop on XLA:CPU, where one fused computation compiles to
+  scalar loops, which are slower
+  (docs/algorithms.md#two-xla-computations-per-direction).
+  """
+
+  _norm = "max"
+
+  # -- Subclass hooks ---------------------------------------------------------
+
+  def _quantize(self, xb, scales, seed):
+    """Returns the `int32` codes of the `[B, d]` buckets `xb`."""
+    raise NotImplementedError
+
+  def _dequantize(self, q, scales, seed, side_information):
+    """Returns the `[B, d]` decoded buckets of the codes `q`."""
+    raise NotImplementedError
+
+  def _quantize_adaptive(self, xb, scales, seed, noise_scale):
+    """Returns `(codes, wire_scales)`; codecs with `accepts_noise_scale`."""
+    raise NotImplementedError
+
+  # -- Shared implementation --------------------------------------------------
+
+  @property
+  def bucket_size(self):
+    """Values per scale."""
+    return self._bucket_size
+
+  def _num_scales(self, num_elements):
+    return -(-num_elements // self.bucket_size)
+
+  def _num_words(self, num_elements):
+    return packing_ops.num_words(num_elements, self.alphabet_size)
+
+  @property
+  def _symbol_dtype(self):
+    return tf.uint8 if self.alphabet_size <= 256 else tf.int32
+
+  def _quantize_stage(self, x, seed, noise_scale=None):
+    xb = base.to_buckets(x, self.bucket_size)
+    scales = base.bucket_scales(xb, self._norm)
+    if noise_scale is None:
+      q = self._quantize(xb, scales, seed)
+    else:
+      q, scales = self._quantize_adaptive(xb, scales, seed, noise_scale)
+    symbols = base.from_buckets(q, x.shape[0]) + self._offset
+    return tf.cast(symbols, self._symbol_dtype), scales
+
+  def _pack_stage(self, symbols):
+    return packing_ops.pack_codes(symbols, self.alphabet_size)
+
+  def _unpack_stage(self, words):
+    symbols = packing_ops.unpack_planar_codes(words, self.alphabet_size)
+    return tf.cast(symbols, self._symbol_dtype)
+
+  def _dequantize_stage(self, symbols, scales, n, seed, side_information,
+                        dtype):
+    q = tf.cast(tf.reshape(symbols, [-1])[:n], dtype) - self._offset
+    q = base.to_buckets(q, self.bucket_size)
+    if side_information is not None:
+      side_information = base.to_buckets(side_information, self.bucket_size)
+    return base.from_buckets(
+        self._dequantize(q, tf.cast(scales, dtype), seed, side_information), n)
+
+  def _encode_impl(self, flat, seed, noise_scale=None):
+    symbols, scales = self._compiled("_quantize_stage")(flat, seed,
+                                                        noise_scale)
+    return self._compiled("_pack_stage")(symbols), scales
+
+  def _decode_impl(self, words, scales, n, seed, side_information, dtype):
+    symbols = self._compiled("_unpack_stage")(words)
+    return self._compiled("_dequantize_stage")(symbols, scales, n, seed,
+                                               side_information, dtype)
+
+  # The one-computation forms, for callers that compile a whole step.
+  def _encode_flat(self, x, seed):
+    symbols, scales = self._quantize_stage(x, seed)
+    return self._pack_stage(symbols), scales
+
+  def _decode_flat(self, words, scales, n, seed, side_information, dtype):
+    symbols = self._unpack_stage(words)
+    return self._dequantize_stage(symbols, scales, n, seed, side_information,
+                                  dtype)
