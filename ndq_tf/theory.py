@@ -8,7 +8,9 @@ benchmarks and to pick parameters.
 References:
   A. Abdi, F. Fekri. Nested Dithered Quantization for Communication
   Reduction in Distributed Training. arXiv:1904.01197, 2019.
-  /shared/docs/ALGORITHMS.md of this project writes the equations out.
+  docs/algorithms.md of this project writes the equations out (sections
+  #dqsg-subtractive-dither, #half-dithered-quantization and
+  #nested-dithered-quantization-ndqsg).
 """
 
 import math
@@ -125,7 +127,8 @@ def overload_probability(alpha, sigma_z, fine_step, coarse_ratio):
   """Exact `P(|α·z + e| >= Δ2/2)` for Gaussian `z ~ N(0, σ_z²)`.
 
   `e ~ U[-Δ1/2, Δ1/2]` is the fine quantization error; `Δ2 = k·Δ1`. Uses
-  `∫Q(t)dt = t·Q(t) - φ(t)`, so no numerical integration is needed.
+  `∫Q(t)dt = t·Q(t) - φ(t)`, so no numerical integration is needed
+  (docs/algorithms.md#overload-probability).
   """
   half = coarse_ratio * fine_step / 2.0
   sigma = alpha * sigma_z
@@ -143,7 +146,10 @@ def overload_probability(alpha, sigma_z, fine_step, coarse_ratio):
 
 
 def overload_bound(alpha, sigma_z, fine_step, coarse_ratio):
-  """`P(|z| > (k - 1)·Δ1/(2α))` for Gaussian `z`: the bound of ALGORITHMS.md."""
+  """`P(|z| > (k - 1)·Δ1/(2α))` for Gaussian `z`: an upper bound on overload.
+
+  See docs/algorithms.md#overload-probability.
+  """
   if alpha * sigma_z <= 0:
     return 0.0
   threshold = (coarse_ratio - 1) * fine_step / (2.0 * alpha)
@@ -180,7 +186,9 @@ def auto_nested_step_ratio(coarse_ratio, overload_target, alpha):
   probability is a function of `Δ1/σ_z` alone, decreasing in it), so that a
   Gaussian `z` of any `σ_z` overloads with exactly that probability per
   element, counting the fine quantization error too. Sizing by the cruder
-  `overload_bound` instead would cost about 30% more MSE at `k = 3`.
+  `overload_bound` instead would give a larger step, hence more MSE
+  (docs/algorithms.md#sizing-the-adaptive-step-by-the-overload-bound).
+  See docs/algorithms.md#adaptive-nested-step.
   """
   if not 0.0 < overload_target < 0.5:
     raise ValueError(

@@ -5,13 +5,14 @@ An alphabet of `L` symbols packs `D = max{D : L**D <= 2**32}` codes per
 1.6 bits each) or, when `L` is a power of two, the same sum is a set of bit
 fields. `n` codes take `W = ceil(n / D)` words, laid out planar: digit `j`
 of word `k` is code `j·W + k` (codes past `n` are the symbol 0). That keeps
-packing and unpacking loops over contiguous words, which XLA vectorizes. Words are `int32` on the
-wire (the bits of the `uint32` value), because that is what TF's collectives
-carry.
+packing and unpacking loops over contiguous words, which XLA vectorizes.
+Words are `int32` on the wire (the bits of the `uint32` value), because that
+is what TF's collectives carry.
 
 The arithmetic is done in `uint32`: every partial sum of Horner's scheme is
 below `2**32`, so nothing wraps, and division by the (compile-time constant)
-unpacking divides exact float64 integers (see `unpack_codes`).
+unpacking divides exact float64 integers (see `unpack_codes`). The wire
+format as a whole: docs/algorithms.md#wire-format.
 """
 
 import tensorflow as tf

@@ -8,6 +8,7 @@ device). They work elementwise on tensors of any shape; `step`, `fine_step`,
 References:
   A. Abdi, F. Fekri. Nested Dithered Quantization for Communication
   Reduction in Distributed Training. arXiv:1904.01197, 2019.
+  docs/algorithms.md writes the equations out, with their error formulas.
 """
 
 import numpy as np

@@ -1,11 +1,11 @@
 """Counter-based random numbers that are the same bits everywhere.
 
 Dithered quantization needs the sender and every receiver to draw *the same*
-dither. TensorFlow's stateless RNG does not promise that: measured with TF
-2.21 on CPU, `tf.random.stateless_uniform` gives other numbers under
-`jit_compile=True` than without XLA, and its output is only stable within one
-TF version. A sender and a receiver compiled differently would then decode
-garbage.
+dither. TensorFlow's stateless RNG does not promise that:
+`tf.random.stateless_uniform` gives other numbers under `jit_compile=True`
+than without XLA (docs/algorithms.md#tfrandom-under-xla), and its output is
+only stable within one TF version. A sender and a receiver compiled
+differently would then decode garbage.
 
 This module therefore draws random numbers with a counter-based integer hash
 written in plain `uint32` TF ops (multiply, xor, shift): element `i` of a
@@ -18,6 +18,10 @@ never repeats a value within 2**32 elements.
 Uniform floats are taken from the top 24 bits of the hash: they are exact
 multiples of 2**-24, so their sums and differences used by the codecs are
 exact in float32.
+
+References:
+  docs/algorithms.md#dither-generator and docs/algorithms.md#seeds write the
+  hash, the uniforms and the seed derivation out.
 """
 
 import tensorflow as tf
