@@ -12,8 +12,9 @@ setup(
     packages=find_packages(include=["ndq_tf", "ndq_tf.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "tensorflow>=2.16",
-        "keras>=3",
+        # The versions the test suite has run on; widen once tested.
+        "tensorflow>=2.21,<2.22",
+        "keras>=3.15,<3.16",
         "numpy",
         "absl-py",
     ],
