@@ -156,6 +156,9 @@ class CompressionStats(keras.callbacks.Callback):
             f"{engine.options.min_elements} elements, or TensorFlow bypassed "
             "the cross-device ops (XLA on all-GPU devices). Gradients were "
             "reduced losslessly.", RuntimeWarning, stacklevel=2)
+      # Every gradient went as plain float32.
+      logs[self._prefix + "wire_bits_per_element"] = 32.0
+      logs[self._prefix + "compression_ratio"] = 1.0
       return
     stats = engine.stats()
     for key in ("wire_bits_per_element", "compression_ratio",
