@@ -16,10 +16,9 @@ import tensorflow as tf
 import ndq_tf
 import ndq_tf.keras
 from ndq_tf.distribute import fusion
-from ndq_tf.distribute import mirrored
 from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
-from ndq_tf.distribute.cross_device_ops import uncompressed
 from ndq_tf.distribute.mirrored import MirroredStrategy
+from ndq_tf.distribute.scope import uncompressed
 
 NUM_REPLICAS = 4
 M = 3  # DitheredCodec(num_levels=3): 7 levels, step 1/3.
@@ -229,9 +228,17 @@ class TestCompressedAllReduce:
     assert int(ops.step.numpy()) == 2
     # A new step draws a new dither.
     assert not np.array_equal(first[0].numpy(), second[0].numpy())
-    bits = ops.last_compressed_bits
-    assert bits == NUM_REPLICAS * ops.codec.wire_bits(1024)
-    assert ops.last_float32_bits == NUM_REPLICAS * 32 * 1000
+    stats = strategy.compression_stats()
+    assert stats["step"] == 2
+    assert stats["transport"] == "device_copy"
+    assert stats["senders"] == stats["local_senders"] == NUM_REPLICAS
+    assert stats["payload_bits"] == NUM_REPLICAS * ops.codec.wire_bits(1024)
+    assert stats["sent_bits"] == stats["payload_bits"]  # nothing lossless
+    # The float32 bits of the same elements: 1000 per replica.
+    assert stats["compressed_elements"] == 1000
+    assert stats["lossless_elements"] == 0
+    assert stats["compression_ratio"] == pytest.approx(
+        NUM_REPLICAS * 32 * 1000 / stats["sent_bits"])
 
   def test_stock_mirrored_strategy_accepts_it(self):
     ops = CompressedAllReduce(ndq_tf.DitheredCodec(num_levels=M),
@@ -242,7 +249,7 @@ class TestCompressedAllReduce:
     out = strategy.extended.batch_reduce_to("mean", [(value, value)])[0]
     _assert_bitwise_equal(_local(strategy, out))
     assert int(ops.step.numpy()) == 1
-    assert ndq_tf.keras.callbacks.find_compressed_all_reduce(strategy) is ops
+    assert ndq_tf.keras.callbacks.find_engine(strategy) is ops.engine
 
   def test_uncompressed_scope_opts_a_replica_all_reduce_out(self):
     strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=1),
@@ -325,7 +332,10 @@ class TestCompressedAllReduce:
     exact = tf.add_n(kernels)
     bound = sum(float(tf.reduce_max(tf.abs(k))) for k in kernels) / (2 * M)
     assert float(tf.reduce_max(tf.abs(results[0] - exact))) <= bound * 1.0001
-    assert ops.last_compressed_elements == 64 * 32
+    stats = ops.stats()
+    assert stats["compressed_elements"] == 64 * 32
+    # Scalar, bias, int64 and the sparse values (2 x 8) went losslessly.
+    assert stats["lossless_elements"] == 1 + 5 + 1 + 2 * 8
     assert int(ops.step.numpy()) == 1
 
   def test_indexed_slices_can_be_compressed(self):
@@ -347,7 +357,7 @@ class TestCompressedAllReduce:
 
     results = _local(strategy, step())
     _assert_bitwise_equal(results)
-    assert ops.last_compressed_elements == 80
+    assert ops.stats()["compressed_elements"] == 80
     assert results[0].shape == [10, 8]
 
   def test_nan_on_one_replica_reaches_every_replica(self):
@@ -370,37 +380,57 @@ class TestCompressedAllReduce:
       assert np.isnan(values[700])            # the poisoned bucket
       assert np.isfinite(values[:512]).all()  # other buckets intact
 
-  def test_xla_on_all_gpu_devices_is_detected(self):
-    gpus = ["/job:localhost/replica:0/task:0/device:GPU:0",
-            "/job:localhost/replica:0/task:0/device:GPU:1"]
-    assert mirrored.bypasses_cross_device_ops(gpus, jit_compile=True)
-    assert not mirrored.bypasses_cross_device_ops(gpus, jit_compile=False)
-    assert not mirrored.bypasses_cross_device_ops(_devices(),
-                                                  jit_compile=True)
+  def test_run_refuses_a_jit_compiled_replica_function(self):
+    strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=M),
+                                devices=_devices(), min_elements=16)
+    ops = strategy.compressed_all_reduce
+    x = tf.ones([64])
 
-  def test_run_refuses_a_jit_compiled_step_where_tf_would_bypass_us(
-      self, monkeypatch):
-    strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(),
-                                devices=_devices())
-    step = tf.function(lambda: tf.constant(1.0), jit_compile=True)
-    with pytest.raises(ValueError, match="inside XLA on these devices"):
-      strategy.run(step)
-    # As if every device were a GPU:
-    monkeypatch.setattr(mirrored, "bypasses_cross_device_ops",
-                        lambda devices, jit_compile: jit_compile)
-    with pytest.raises(ValueError, match="skips cross-device ops"):
-      strategy.run(step)
-    strategy.run(tf.function(lambda: tf.constant(1.0)))  # no XLA: fine
+    def fn():
+      ctx = tf.distribute.get_replica_context()
+      r = tf.cast(ctx.replica_id_in_sync_group, tf.float32)
+      return ctx.all_reduce("sum", x * (1.0 + r))
+
+    with pytest.raises(ValueError, match="cannot compress under XLA"):
+      strategy.run(tf.function(fn, jit_compile=True))
+    # `run` called while an XLA-compiled function is traced: refused too.
+    outer = tf.function(lambda: strategy.run(fn), jit_compile=True)
+    with pytest.raises(ValueError, match="cannot compress under XLA"):
+      outer()
+    assert int(ops.step.numpy()) == 0  # nothing ran
+    # Without XLA the same replica function is compressed.
+    out = _local(strategy, strategy.run(tf.function(fn)))
+    _assert_bitwise_equal(out)
+    assert int(ops.step.numpy()) == 1
+    bound = sum(1.0 + r for r in range(NUM_REPLICAS)) / (2 * M)
+    assert float(tf.reduce_max(tf.abs(out[0] - 10.0 * x))) <= bound * 1.0001
 
 
 class TestMirroredStrategy:
 
-  def test_is_a_tf_mirrored_strategy(self):
+  def test_works_as_a_tf_mirrored_strategy(self):
     strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(),
                                 devices=_devices(), seed=4)
-    assert isinstance(strategy, tf.distribute.MirroredStrategy)
     assert strategy.num_replicas_in_sync == NUM_REPLICAS
     assert strategy.compressed_all_reduce.seed == 4
+
+    def local(devices):  # (type, index): job and task names vary.
+      return [(tf.DeviceSpec.from_string(d).device_type,
+               tf.DeviceSpec.from_string(d).device_index) for d in devices]
+
+    # The stock strategy API: variables mirrored on every device, `run` on
+    # every replica, lossless `reduce` (scalars are never compressed).
+    assert local(strategy.extended.worker_devices) == local(_devices())
+    with strategy.scope():
+      v = tf.Variable(2.0)
+    assert local(c.device for c in strategy.experimental_local_results(v)) == (
+        local(_devices()))
+    ids = strategy.run(lambda: tf.cast(
+        tf.distribute.get_replica_context().replica_id_in_sync_group,
+        tf.float32))
+    assert float(strategy.reduce("sum", ids, axis=None)) == sum(
+        range(NUM_REPLICAS))
+    assert int(strategy.compression_step.numpy()) == 0
 
   def test_needs_exactly_one_of_codec_and_cross_device_ops(self):
     with pytest.raises(ValueError, match="codec"):
@@ -422,7 +452,8 @@ class TestMirroredStrategy:
     ops.step.assign(17)
     path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
     names = [n for n, _ in tf.train.list_variables(path)]
-    assert any("compressed_all_reduce/_step" in n for n in names), names
+    assert any("_distribute_strategy/compression/step" in n
+               for n in names), names
     model.save_weights(str(tmp_path / "m.weights.h5"))
     ops.step.assign(0)
     tf.train.Checkpoint(model=model).restore(path).expect_partial()
