@@ -38,9 +38,9 @@ Decode order (`decode_sum`)
 Every receiver decodes every sender's wire, in the order the wires are given
 (the caller fixes it: replica or worker index), and sums them with
 `tf.reduce_sum(tf.stack(...), axis=0)`. A chain of `a + b + c` may be
-re-associated differently by Grappler on different devices (measured: the
-last bits differ), `reduce_sum` over a stacked axis is one kernel with one
-order: every receiver obtains bitwise the same sum, so mirrored variables stay
+re-associated differently by Grappler on different devices, so that the
+last bits differ; `reduce_sum` over a stacked axis is one kernel with one
+order (tests/test_mirrored.py checks the replicas bit for bit): every receiver obtains bitwise the same sum, so mirrored variables stay
 identical. Senders whose codec needs side information (nested codecs) are
 decoded with side information = the mean of everything decoded before them,
 so put the reference senders first (the paper's Algorithm 2); this ordering

@@ -127,9 +127,8 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
       ValueError: if `fn` is (or runs inside) an XLA-compiled function. On
         all-GPU devices MirroredStrategy then skips cross-device ops and
         would all-reduce uncompressed float gradients; on other devices its
-        merge_call-based all-reduce fails under XLA (also without ndq_tf,
-        measured with TF 2.21: `model.compile(jit_compile=True)` under a
-        plain MirroredStrategy of logical CPUs raises InvalidArgumentError).
+        merge_call-based all-reduce fails under XLA (also without ndq_tf;
+        docs/distribute.md, "XLA").
     """
     if tf_internals.is_jit_compiled(fn) or tf_internals.in_xla_context():
       raise strategy_state.xla_bypass_error(

@@ -16,9 +16,9 @@ holds what is computed from that:
   plan in variables (keyed by the plan's `signature`: shapes and dtypes,
   not the bucket count), so that both strategies checkpoint it.
 
-The rules (envelope, gain feedback, their constants) and why they are what
-they are: docs/algorithms.md, "Adaptive nested steps"; the measurements
-behind the constants: docs/nested_digits.md.
+The rules (envelope, gain feedback) are in docs/algorithms.md; the
+measurements behind their constants in docs/distribute.md ("The adaptive
+nested mode's constants").
 """
 
 import collections

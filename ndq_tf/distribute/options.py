@@ -26,7 +26,7 @@ __all__ = [
 #: costs a whole bucket; below a few dozen elements compression *adds* bits,
 #: and below a few hundred it saves a negligible number of bits on the
 #: tensors (biases, norm scales) whose per-element error matters most. The
-#: measurement is in docs/benchmarks.md ("Why min_elements=256").
+#: measurement is in docs/distribute.md ("Why `min_elements=256`").
 DEFAULT_MIN_ELEMENTS = 256
 
 #: Default size of the reference group P1 of a nested codec: half the
