@@ -28,6 +28,8 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+import common  # benchmarks/common.py, next to this script
+
 _CODECS = flags.DEFINE_multi_string(
     "codec", ["float32", "dqsg:num_levels=1", "dqsg:num_levels=3", "qsgd",
               "terngrad"],
@@ -46,13 +48,6 @@ _ADAPTIVE = flags.DEFINE_bool(
     "adaptive", False,
     "Nested codecs (ndqsg...): the automatic mode. They get half the "
     "replicas as reference group, sending dqsg:num_levels=3.")
-
-
-def split_cpu(replicas):
-  cpu = tf.config.list_physical_devices("CPU")[0]
-  tf.config.set_logical_device_configuration(
-      cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
-  return [d.name for d in tf.config.list_logical_devices("CPU")][:replicas]
 
 
 def make_step(strategy, widths):
@@ -117,7 +112,7 @@ def time_round_robin(steps):
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  devices = split_cpu(_REPLICAS.value)
+  devices = common.split_cpu(_REPLICAS.value)
   import ndq_tf  # pylint: disable=g-import-not-at-top
   import ndq_tf.distribute  # pylint: disable=g-import-not-at-top
   widths = [int(w) for w in _LAYERS.value]

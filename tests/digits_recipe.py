@@ -4,39 +4,35 @@ tests/test_mirrored_training.py compares DQSG with float32 and
 tests/test_nested_allreduce.py compares NDQSG groups with DQSG: both
 comparisons must train the same model on the same split, so both use this
 one recipe (scikit-learn's digits, MLP 64-256-10, Adam 4e-3, batch 128,
-8 epochs, Keras seed 1 unless told).
+8 epochs, Keras seed 1 unless told). It lives in benchmarks/common.py, which
+benchmarks/nested_digits.py trains too; this module re-exports it under the
+names the tests use.
 """
 
-import keras
+import importlib.util
+import os
+
+__all__ = ["load", "fit"]
 
 
-def load():
-  """`(x_train, x_test, y_train, y_test)`: a fixed stratified 75/25 split."""
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top
-  from sklearn import model_selection  # pylint: disable=g-import-not-at-top
-  data = datasets.load_digits()
-  x = (data.data / 16.0).astype("float32")
-  return model_selection.train_test_split(
-      x, data.target, test_size=0.25, random_state=0, stratify=data.target)
+def _benchmarks_common():
+  """benchmarks/common.py, loaded by path.
 
-
-def fit(strategy, data, seed=1, callbacks=None):
-  """Trains the recipe's model under `strategy`; returns `(model, history)`.
-
-  `seed` sets Keras' seed (initial weights, batch order); 1 by default.
-  `callbacks` go to `model.fit`.
+  benchmarks/ is a folder of scripts, not a package, and the tests run with
+  tests/ (not the repository) on `sys.path`; a path relative to this file
+  holds in a checkout and in Bazel's runfiles alike.
   """
-  x_train, _, y_train, _ = data
-  keras.utils.set_random_seed(seed)
-  with strategy.scope():
-    model = keras.Sequential([
-        keras.Input((64,)),
-        keras.layers.Dense(256, activation="relu"),
-        keras.layers.Dense(10),
-    ])
-    model.compile(keras.optimizers.Adam(4e-3),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-  history = model.fit(x_train, y_train, batch_size=128, epochs=8,
-                      shuffle=True, verbose=0, callbacks=callbacks)
-  return model, history
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__))), "benchmarks", "common.py")
+  spec = importlib.util.spec_from_file_location("ndq_benchmarks_common", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+_common = _benchmarks_common()
+
+#: `() -> (x_train, x_test, y_train, y_test)`: a fixed stratified 75/25 split.
+load = _common.load_digits
+#: `(strategy, data, seed=1, callbacks=None) -> (model, history)`.
+fit = _common.fit_digits_mlp

@@ -1,0 +1,94 @@
+"""Helpers shared by the benchmarks: logical CPU devices and the digits recipe.
+
+* `split_cpu`: one CPU as N logical devices, the replicas of a
+  `MirroredStrategy` on a machine without accelerators.
+* `load_digits` and `fit_digits_mlp`: the digits MLP recipe (scikit-learn's
+  digits, MLP 64-256-10, Adam 4e-3, batch 128, 8 epochs, Keras seed 1 unless
+  told). benchmarks/nested_digits.py trains it, and the training tests
+  (tests/test_mirrored_training.py, tests/test_nested_allreduce.py) assert
+  accuracies with it through tests/digits_recipe.py, so every change to the
+  model, the split or the seeds changes those tests' numbers.
+
+Importing this module imports neither TensorFlow nor Keras: TF accepts a
+device split only before its runtime starts, and benchmarks/datasets.py needs
+`KERAS_HOME` set before Keras is first imported.
+
+Example:
+
+  devices = common.split_cpu(4)
+  data = common.load_digits()
+  model, history = common.fit_digits_mlp(
+      ndq_tf.MirroredStrategy(codec=ndq_tf.DitheredCodec(), devices=devices),
+      data)
+"""
+
+__all__ = ["split_cpu", "load_digits", "fit_digits_mlp"]
+
+
+def split_cpu(num_devices):
+  """Splits the first CPU into `num_devices` logical devices.
+
+  Must run before TensorFlow's runtime initializes (before the first op or
+  device listing of the process).
+
+  Args:
+    num_devices: positive int.
+
+  Returns:
+    The names of the first `num_devices` logical CPU devices, e.g.
+    `["/job:localhost/replica:0/task:0/device:CPU:0", ...]`.
+
+  Raises:
+    ValueError: if `num_devices` is not a positive int.
+  """
+  if not isinstance(num_devices, int) or num_devices < 1:
+    raise ValueError("`num_devices` must be a positive int. "
+                     f"Received: num_devices={num_devices!r}")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(
+      cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
+  return [d.name for d in tf.config.list_logical_devices("CPU")][:num_devices]
+
+
+def load_digits():
+  """Scikit-learn's digits as `(x_train, x_test, y_train, y_test)`.
+
+  Pixels scaled to [0, 1] as float32; a fixed stratified 75/25 split
+  (`random_state=0`): 1,347 training and 450 test images.
+  """
+  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  from sklearn import model_selection  # pylint: disable=g-import-not-at-top
+  data = datasets.load_digits()
+  x = (data.data / 16.0).astype("float32")
+  return model_selection.train_test_split(
+      x, data.target, test_size=0.25, random_state=0, stratify=data.target)
+
+
+def fit_digits_mlp(strategy, data, seed=1, callbacks=None):
+  """Trains the digits MLP under `strategy`.
+
+  Args:
+    strategy: a `tf.distribute.Strategy`; the model is built in its scope.
+    data: the tuple of `load_digits`.
+    seed: Keras' seed (initial weights, batch order).
+    callbacks: list of `keras.callbacks.Callback` for `model.fit`, or None.
+
+  Returns:
+    `(model, history)` after 8 epochs of Adam(4e-3) at batch 128.
+  """
+  import keras  # pylint: disable=g-import-not-at-top
+  x_train, _, y_train, _ = data
+  keras.utils.set_random_seed(seed)
+  with strategy.scope():
+    model = keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(256, activation="relu"),
+        keras.layers.Dense(10),
+    ])
+    model.compile(keras.optimizers.Adam(4e-3),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+  history = model.fit(x_train, y_train, batch_size=128, epochs=8,
+                      shuffle=True, verbose=0, callbacks=callbacks)
+  return model, history
