@@ -13,7 +13,8 @@ PYTEST_ARGS ?= -n 2 --dist loadfile -q
 BAZEL_TARGETS ?= //...
 # The quick benchmarks. Not here: benchmarks/multi_worker_link.py (needs root
 # for network namespaces), benchmarks/paper_experiment.py (30+ minutes per
-# seed, resumable) and benchmarks/nested_digits.py (about 10 minutes); see
+# seed, resumable; benchmarks/paper_report.py rebuilds docs/results.md from
+# its runs) and benchmarks/nested_digits.py (about 10 minutes); see
 # docs/benchmarks.md, docs/results.md and docs/nested_digits.md.
 BENCHMARKS := benchmarks/codec_throughput.py benchmarks/mirrored_step.py \
 	benchmarks/nested_tradeoff.py
