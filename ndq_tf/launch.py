@@ -14,16 +14,33 @@ worker fails, the others are stopped and the launcher exits with the failing
 worker's exit code; past `--timeout` seconds, all are stopped and the launcher
 exits with 124.
 
-This is a single-host tool for development and tests. For several hosts, start
-the same program once per host with a `TF_CONFIG` naming every host (or pass
-any `tf.distribute.cluster_resolver.ClusterResolver` to the strategy). TF's
-gRPC transport is unauthenticated and unencrypted: run it on a trusted network
+Workers can also listen on addresses of their own and run behind a command
+prefix, e.g. one network namespace per worker (as
+benchmarks/multi_worker_link.py does):
+
+```sh
+python -m ndq_tf.launch --hosts 10.77.0.1,10.77.0.2 --port 23456 \
+    --worker_prefix "ip netns exec ndqw{index}" -- python train.py
+```
+
+`--hosts` gives one address per worker; `--port P` puts worker i on port
+`P + i` (needed when the addresses are not this machine's, e.g. inside
+namespaces; without it, free ports are found by binding each address).
+`--worker_prefix` is split like a shell command line and goes before the
+command, each word formatted with the worker's `{index}`.
+
+All workers are processes of this machine: this is a tool for development,
+tests and benchmarks. For several hosts, start the same program once per host
+with a `TF_CONFIG` naming every host (or pass any
+`tf.distribute.cluster_resolver.ClusterResolver` to the strategy). TF's gRPC
+transport is unauthenticated and unencrypted: run it on a trusted network
 only.
 """
 
 import argparse
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -70,12 +87,17 @@ def find_free_ports(num_ports, host="127.0.0.1"):
   if not isinstance(num_ports, int) or num_ports < 1:
     raise ValueError(
         f"`num_ports` must be a positive int. Received: num_ports={num_ports!r}")
+  return _free_ports([host] * num_ports)
+
+
+def _free_ports(hosts):
+  """One free port per address of `hosts`; distinct for repeated addresses."""
   sockets = []
   try:
-    for _ in range(num_ports):
+    for host in hosts:
       s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-      s.bind((host, 0))
       sockets.append(s)
+      s.bind((host, 0))
     return [s.getsockname()[1] for s in sockets]
   finally:
     for s in sockets:
@@ -124,17 +146,54 @@ def _exit_code(returncode):
   return returncode
 
 
+def _format_prefix(worker_prefix, index):
+  """The words of `worker_prefix` with `{index}` replaced by `index`."""
+  try:
+    return [word.format(index=index) for word in worker_prefix]
+  except (KeyError, IndexError, ValueError) as e:
+    raise ValueError(
+        "`worker_prefix` may use no format field but `{index}` (double "
+        "any other brace). Received: worker_prefix="
+        f"{worker_prefix!r} ({type(e).__name__}: {e})") from e
+
+
+def _addresses(num_workers, host, hosts, port):
+  """The validated `"host:port"` of every worker."""
+  if hosts is None:
+    hosts = [host] * num_workers
+  hosts = list(hosts)
+  if len(hosts) != num_workers or not all(
+      isinstance(h, str) and h for h in hosts):
+    raise ValueError(
+        f"`hosts` must give one non-empty address per worker "
+        f"(num_workers={num_workers}). Received: hosts={hosts!r}")
+  if port is None:
+    try:
+      ports = _free_ports(hosts)
+    except OSError as e:
+      raise ValueError(
+          "Free ports can only be found on this machine's addresses; pass "
+          f"`port` for the others. Received: hosts={hosts!r} ({e})") from e
+  else:
+    if (isinstance(port, bool) or not isinstance(port, int) or
+        not 1 <= port <= 65536 - num_workers):
+      raise ValueError(
+          f"`port` must be an int in [1, {65536 - num_workers}] (worker i "
+          f"listens on port + i). Received: port={port!r}")
+    ports = [port + i for i in range(num_workers)]
+  return [f"{h}:{p}" for h, p in zip(hosts, ports)]
+
+
 class _Job:
   """The running worker processes of one launch, and how to stop them."""
 
-  def __init__(self, command, num_workers, host, env, out):
+  def __init__(self, commands, addresses, env, out):
     self._out = out
     self._out_lock = threading.Lock()
-    ports = find_free_ports(num_workers, host)
-    self.addresses = [f"{host}:{p}" for p in ports]
+    self.addresses = addresses
     self.procs = []
     self._readers = []
-    for i in range(num_workers):
+    for i, command in enumerate(commands):
       worker_env = dict(os.environ if env is None else env)
       worker_env["TF_CONFIG"] = make_tf_config(self.addresses, i)
       worker_env["PYTHONUNBUFFERED"] = "1"
@@ -186,17 +245,26 @@ class _Job:
 
 
 def launch(command, num_workers, timeout=None, host="127.0.0.1", env=None,
-           out=None, grace=_GRACE_SECONDS):
+           out=None, grace=_GRACE_SECONDS, hosts=None, port=None,
+           worker_prefix=None):
   """Runs `command` as `num_workers` local workers and waits for them.
 
   Args:
     command: list of strings, the program every worker runs.
     num_workers: positive int.
     timeout: seconds before every worker is stopped, or `None` for no limit.
-    host: address the workers listen on.
+    host: address every worker listens on, unless `hosts` is given.
     env: base environment of the workers (default: this process's).
     out: text stream for the prefixed output (default: `sys.stdout`).
     grace: seconds between SIGTERM and SIGKILL when stopping workers.
+    hosts: list of `num_workers` addresses, worker i listening on `hosts[i]`
+      (repeats allowed), or `None` for `host` everywhere.
+    port: worker i listens on port `port + i`; `None`: free ports, found by
+      binding each worker's address, so the addresses must be this
+      machine's.
+    worker_prefix: list of strings run before `command` (e.g.
+      `["ip", "netns", "exec", "ndqw{index}"]`), each formatted with the
+      worker's `index`; `None` for none.
 
   Returns:
     0 when every worker succeeded; the first failing worker's exit code
@@ -205,11 +273,16 @@ def launch(command, num_workers, timeout=None, host="127.0.0.1", env=None,
 
   Raises:
     ValueError: on an empty `command`, a non-positive `num_workers` or
-      `timeout`.
+      `timeout`, `hosts` not giving one address per worker, a `port` out of
+      range, free ports asked for on an address that is not this machine's,
+      or a `worker_prefix` with fields other than `{index}`.
 
   Example:
 
   >>> launch([sys.executable, "-c", "print('hi')"], num_workers=2)
+  0
+  >>> launch(["printenv", "WORKER"], num_workers=2,
+  ...        worker_prefix=["env", "WORKER={index}"])
   0
   """
   if not command:
@@ -221,6 +294,10 @@ def launch(command, num_workers, timeout=None, host="127.0.0.1", env=None,
   if timeout is not None and not timeout > 0:
     raise ValueError(
         f"`timeout` must be positive or None. Received: timeout={timeout!r}")
+  command = list(command)
+  prefix = list(worker_prefix or [])
+  commands = [_format_prefix(prefix, i) + command for i in range(num_workers)]
+  addresses = _addresses(num_workers, host, hosts, port)
   out = sys.stdout if out is None else out
 
   received = []
@@ -238,9 +315,9 @@ def launch(command, num_workers, timeout=None, host="127.0.0.1", env=None,
       previous[signum] = signal.signal(signum, on_signal)
   job = None
   try:
-    job = _Job(list(command), num_workers, host, env, out)
+    job = _Job(commands, addresses, env, out)
     job.say(f"[launch] {num_workers} workers on {', '.join(job.addresses)}: "
-            f"{' '.join(command)}")
+            f"{' '.join(prefix + command)}")
     start = time.monotonic()
     while True:
       if received:
@@ -279,21 +356,39 @@ def _parse_args(argv):
       prog="python -m ndq_tf.launch",
       description=(
           "Runs a command as N local TensorFlow workers, each with its own "
-          "TF_CONFIG (free ports on --host). Output lines are prefixed with "
-          "the worker index; SIGINT/SIGTERM are forwarded; when one worker "
-          "fails all are stopped and the exit code is non-zero."),
-      epilog="Example: python -m ndq_tf.launch --num_workers 2 -- "
-             "python examples/multi_worker.py")
+          "TF_CONFIG (free ports on --host, or the addresses of --hosts). "
+          "Output lines are prefixed with the worker index; SIGINT/SIGTERM "
+          "are forwarded; when one worker fails all are stopped and the exit "
+          "code is non-zero."),
+      epilog="Examples: python -m ndq_tf.launch --num_workers 2 -- "
+             "python examples/multi_worker.py; python -m ndq_tf.launch "
+             "--hosts 10.77.0.1,10.77.0.2 --port 23456 --worker_prefix "
+             "'ip netns exec ndqw{index}' -- python train.py")
   parser.add_argument(
-      "--num_workers", type=int, default=2,
-      help="Number of worker processes to start (default: 2).")
+      "--num_workers", type=int, default=None,
+      help="Number of worker processes to start (default: one per --hosts "
+           "address, else 2).")
   parser.add_argument(
       "--timeout", type=float, default=None,
       help="Stop all workers and exit 124 after this many seconds "
            "(default: no limit).")
-  parser.add_argument(
+  addresses = parser.add_mutually_exclusive_group()
+  addresses.add_argument(
       "--host", default="127.0.0.1",
       help="Address the workers listen on (default: 127.0.0.1).")
+  addresses.add_argument(
+      "--hosts", type=_comma_list, default=None,
+      help="Comma-separated addresses, one per worker (worker i listens on "
+           "the i-th), e.g. 10.77.0.1,10.77.0.2.")
+  parser.add_argument(
+      "--port", type=int, default=None,
+      help="Worker i listens on port PORT + i (default: free ports, found "
+           "by binding the addresses, which must then be this machine's).")
+  parser.add_argument(
+      "--worker_prefix", type=shlex.split, default=None,
+      help="Command run before the worker command, split like a shell "
+           "line, each word formatted with the worker's {index}, e.g. "
+           "'ip netns exec ndqw{index}'.")
   parser.add_argument(
       "--grace", type=float, default=_GRACE_SECONDS,
       help="Seconds between SIGTERM and SIGKILL when stopping workers "
@@ -307,18 +402,38 @@ def _parse_args(argv):
   if not command:
     parser.error("give the worker command after `--`, e.g. "
                  "`-- python examples/multi_worker.py`")
+  if args.num_workers is None:
+    args.num_workers = 2 if args.hosts is None else len(args.hosts)
   if args.num_workers < 1:
     parser.error(f"--num_workers must be >= 1. Received: {args.num_workers}")
+  if args.hosts is not None and len(args.hosts) != args.num_workers:
+    parser.error(f"--hosts must give one address per worker "
+                 f"(--num_workers={args.num_workers}). Received: "
+                 f"{','.join(args.hosts)}")
   if args.timeout is not None and args.timeout <= 0:
     parser.error(f"--timeout must be > 0. Received: {args.timeout:g}")
   return args, command
 
 
+def _comma_list(text):
+  """`"a,b"` -> `["a", "b"]`; empty items are an error."""
+  items = text.split(",")
+  if not all(item.strip() for item in items):
+    raise argparse.ArgumentTypeError(
+        f"expected comma-separated addresses. Received: {text!r}")
+  return [item.strip() for item in items]
+
+
 def main(argv=None):
   """Command-line entry point; returns the exit code."""
   args, command = _parse_args(sys.argv[1:] if argv is None else list(argv))
-  return launch(command, args.num_workers, timeout=args.timeout,
-                host=args.host, grace=args.grace)
+  try:
+    return launch(command, args.num_workers, timeout=args.timeout,
+                  host=args.host, grace=args.grace, hosts=args.hosts,
+                  port=args.port, worker_prefix=args.worker_prefix)
+  except ValueError as e:
+    print(f"python -m ndq_tf.launch: error: {e}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

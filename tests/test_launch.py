@@ -1,11 +1,12 @@
 """Tests of `python -m ndq_tf.launch` with tiny non-TF child programs.
 
 The launcher runs as a script (`ndq_tf/launch.py`), so no test here imports
-TensorFlow in a child; each test takes well under a few seconds.
+TensorFlow in a child; each test takes a few seconds on an idle machine.
 """
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,24 +19,33 @@ from ndq_tf import launch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(ROOT, "ndq_tf", "launch.py")
 
+# Wall-clock bounds, loose enough for a loaded 2-core machine. Children that
+# the launcher must stop sleep for CHILD_SLEEP seconds, so a launch that ends
+# within STOPPED_WITHIN seconds stopped them rather than waited for them.
+CHILD_SLEEP = 180
+STOPPED_WITHIN = 90
+SUBPROCESS_TIMEOUT = 150
+
 # Child programs: the worker index comes from TF_CONFIG, as for real workers.
 _INDEX = "import json, os; i = json.loads(os.environ['TF_CONFIG'])['task']['index']"
 PRINT_CONFIG = f"{_INDEX}; print('CONFIG ' + os.environ['TF_CONFIG'])"
+PRINT_PREFIX_ENV = (f"{_INDEX}; print('PREFIX', i, "
+                    "os.environ.get('NDQ_TEST_PREFIX'))")
 ONE_FAILS = (f"import sys, time; {_INDEX}\n"
              "if i == 1: print('failing', flush=True); sys.exit(5)\n"
-             "time.sleep(60); print('worker 0 finished')")
-SLEEP = "import time; print('sleeping', flush=True); time.sleep(60)"
+             f"time.sleep({CHILD_SLEEP}); print('worker 0 finished')")
+SLEEP = f"import time; print('sleeping', flush=True); time.sleep({CHILD_SLEEP})"
 CATCH_SIGINT = ("import sys, time\n"
                 "print('ready', flush=True)\n"
-                "try:\n  time.sleep(60)\n"
+                f"try:\n  time.sleep({CHILD_SLEEP})\n"
                 "except KeyboardInterrupt:\n"
                 "  print('got SIGINT', flush=True); sys.exit(130)")
 IGNORE_SIGTERM = ("import signal, time\n"
                   "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                  "print('stubborn', flush=True); time.sleep(60)")
+                  f"print('stubborn', flush=True); time.sleep({CHILD_SLEEP})")
 
 
-def _launch(code, *options, timeout=30):
+def _launch(code, *options, timeout=SUBPROCESS_TIMEOUT):
   cmd = [sys.executable, LAUNCH, *options, "--", sys.executable, "-c", code]
   start = time.monotonic()
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -74,7 +84,7 @@ def test_failing_worker_stops_the_others_and_gives_its_exit_code():
   assert code == 5, output
   assert "worker 1 failed with exit code 5" in output
   assert "[worker 0] worker 0 finished" not in output
-  assert elapsed < 20
+  assert elapsed < STOPPED_WITHIN
 
 
 def test_timeout_stops_all_workers_and_exits_124():
@@ -82,14 +92,14 @@ def test_timeout_stops_all_workers_and_exits_124():
                                   "1")
   assert code == launch.TIMEOUT_EXIT_CODE, output
   assert "timeout after 1 s" in output
-  assert elapsed < 15
+  assert elapsed < STOPPED_WITHIN
 
 
 def test_worker_ignoring_sigterm_is_killed_after_grace():
   code, output, elapsed = _launch(IGNORE_SIGTERM, "--num_workers", "2",
                                   "--timeout", "1", "--grace", "0.5")
   assert code == launch.TIMEOUT_EXIT_CODE, output
-  assert elapsed < 15
+  assert elapsed < STOPPED_WITHIN
 
 
 def test_sigint_is_forwarded_to_every_worker():
@@ -106,7 +116,7 @@ def test_sigint_is_forwarded_to_every_worker():
       lines.append(line)
       ready += line.strip().endswith("ready")
     proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=20)
+    output, _ = proc.communicate(timeout=STOPPED_WITHIN)
   finally:
     if proc.poll() is None:
       proc.kill()
@@ -117,7 +127,8 @@ def test_sigint_is_forwarded_to_every_worker():
 
 def test_missing_command_is_a_usage_error():
   proc = subprocess.run([sys.executable, LAUNCH, "--num_workers", "2"],
-                        capture_output=True, text=True, timeout=30)
+                        capture_output=True, text=True,
+                        timeout=SUBPROCESS_TIMEOUT)
   assert proc.returncode == 2
   assert "give the worker command after `--`" in proc.stderr
 
@@ -137,3 +148,76 @@ def test_launch_rejects_bad_arguments():
     launch.launch(["true"], num_workers=0)
   with pytest.raises(ValueError, match="`timeout` must be positive"):
     launch.launch(["true"], num_workers=1, timeout=0)
+
+
+def _configs(output):
+  """`{index: TF_CONFIG dict}` from the children's `CONFIG ...` lines."""
+  configs = {}
+  for line in output.splitlines():
+    if line.startswith("[worker") and " CONFIG " in line:
+      prefix, config = line.split(" CONFIG ", 1)
+      configs[int(prefix.split()[1].rstrip("]"))] = json.loads(config)
+  return configs
+
+
+def test_worker_prefix_is_formatted_with_each_worker_index():
+  code, output, _ = _launch(PRINT_PREFIX_ENV, "--num_workers", "3",
+                            "--worker_prefix", "env NDQ_TEST_PREFIX={index}")
+  assert code == 0, output
+  seen = sorted(line.split("] ", 1)[1] for line in output.splitlines()
+                if line.startswith("[worker") and "] PREFIX " in line)
+  assert seen == ["PREFIX 0 0", "PREFIX 1 1", "PREFIX 2 2"], output
+
+
+def test_hosts_give_each_worker_its_address_and_the_worker_count():
+  # All of 127.0.0.0/8 is this machine's; repeated addresses get distinct
+  # free ports.
+  hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.1"]
+  code, output, _ = _launch(PRINT_CONFIG, "--hosts", ",".join(hosts))
+  assert code == 0, output
+  configs = _configs(output)
+  assert sorted(configs) == [0, 1, 2]
+  workers = configs[0]["cluster"]["worker"]
+  assert [a.split(":")[0] for a in workers] == hosts
+  assert workers[0] != workers[2]
+  for index, config in configs.items():
+    assert config["cluster"]["worker"] == workers
+    assert config["task"] == {"type": "worker", "index": index}
+
+
+def test_port_puts_worker_i_on_port_plus_i():
+  # The children bind nothing: the ports need not be free.
+  code, output, _ = _launch(PRINT_CONFIG, "--hosts", "127.0.0.1,127.0.0.1",
+                            "--port", "23456")
+  assert code == 0, output
+  assert _configs(output)[1]["cluster"]["worker"] == [
+      "127.0.0.1:23456", "127.0.0.1:23457"]
+
+
+def test_free_ports_on_an_address_of_another_machine_is_an_error():
+  # 192.0.2.0/24 is reserved for documentation (RFC 5737): never local.
+  code, output, _ = _launch(PRINT_CONFIG, "--hosts", "192.0.2.1,192.0.2.2")
+  assert code == 2, output
+  assert "pass `port`" in output
+  assert "[worker" not in output
+
+
+def test_hosts_and_num_workers_must_agree():
+  code, output, _ = _launch(PRINT_CONFIG, "--hosts", "127.0.0.1,127.0.0.1",
+                            "--num_workers", "3")
+  assert code == 2, output
+  assert "--hosts must give one address per worker" in output
+
+
+def test_launch_rejects_bad_addresses_and_prefixes():
+  with pytest.raises(ValueError, match=re.escape(
+      "`hosts` must give one non-empty address per worker (num_workers=2). "
+      "Received: hosts=['127.0.0.1']")):
+    launch.launch(["true"], num_workers=2, hosts=["127.0.0.1"])
+  with pytest.raises(ValueError, match=re.escape(
+      "`port` must be an int in [1, 65534] (worker i listens on port + i). "
+      "Received: port=65535")):
+    launch.launch(["true"], num_workers=2, port=65535)
+  with pytest.raises(ValueError, match=re.escape(
+      "`worker_prefix` may use no format field but `{index}`")):
+    launch.launch(["true"], num_workers=1, worker_prefix=["env", "X={i}"])
