@@ -4,10 +4,15 @@ Every multi-worker test starts two workers on 127.0.0.1 and free ports through
 `ndq_tf/launch.py` (run as a script, so the launcher itself does not import
 TF), bounded by the launcher's `--timeout` and, behind it, the subprocess
 timeout. The workers run `tests/multi_worker_scripts/mw_worker.py`, a tiny MLP
-whose only compressed tensor is its 64x32 kernel, and write their results to
-`worker<i>.npz`.
+whose only compressed tensor is its 64x32 kernel, and write their results
+(telemetry from `strategy.compression_stats()`) to `worker<i>.npz`.
+
+The dither's base seed is `[seed, engine.SEED_TAG]` since the exchange engine
+is shared with MirroredStrategy (#10); nothing here hard-codes bits of the
+multi-worker path, so that change of bits needs no update here.
 """
 
+import inspect
 import json
 import os
 import subprocess
@@ -18,12 +23,17 @@ import pytest
 import tensorflow as tf
 
 from ndq_tf.distribute import multi_worker
+from ndq_tf.distribute import options as options_lib
+from ndq_tf.distribute.transports import all_gather
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "multi_worker_scripts")
 LAUNCH = os.path.join(ROOT, "ndq_tf", "launch.py")
 WORKER = os.path.join(SCRIPTS, "mw_worker.py")
 JOB_TIMEOUT = 90  # seconds, for the launcher; the subprocess gets 30 more.
+# What travels losslessly beside the compressed 64x32 kernel: the biases and
+# the 32x10 kernel (below mw_worker.MIN_ELEMENTS), float32.
+LOSSLESS_ELEMENTS = 32 + 32 * 10 + 10
 
 
 def _env():
@@ -66,17 +76,28 @@ def test_strategy_is_a_multi_worker_mirrored_strategy():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"codec": "dqsg"}, "`codec` must be an ndq_tf codec"),
-    ({"min_elements": 0}, "`min_elements` must be a positive int"),
-    ({"seed": 2**40}, "`seed` must be an int"),
-    ({"cluster_timeout": -1}, "`cluster_timeout` must be a positive"),
-    ({"reference_workers": 1}, "only for a nested `codec`"),
-    ({"adaptive": True}, "only for a nested `codec`"),
-])
+    ({"codec": "not a codec"},
+     r"`codec` is not a codec spec .*Received: codec='not a codec'"),
+    ({"codec": "class"},
+     r"`codec` must be a codec instance, not a class. Received: "
+     r"codec=ndq_tf.codecs.dithered.DitheredCodec"),
+    ({"codec": None}, r"`codec` must be an ndq_tf codec .*Received: codec=None"),
+    ({"min_elements": 0},
+     r"`min_elements` must be an integer >= 1. Received: min_elements=0\."),
+    ({"seed": 2**40}, r"`seed` must be an integer .*Received: seed=1099511627776"),
+    ({"cluster_timeout": -1},
+     r"`cluster_timeout` must be a positive .*Received: cluster_timeout=-1\."),
+    ({"reference_workers": 1},
+     r"only for a nested `codec`.*reference_workers=1"),
+    ({"adaptive": True}, r"only for a nested `codec`.*adaptive=True"),
+], ids=["codec_spec", "codec_class", "codec_none", "min_elements", "seed",
+        "cluster_timeout", "reference_workers", "adaptive"])
 def test_invalid_arguments_name_the_argument_and_value(kwargs, message):
   import ndq_tf  # pylint: disable=g-import-not-at-top
   args = {"codec": ndq_tf.DitheredCodec(num_levels=3)}
   args.update(kwargs)
+  if args["codec"] == "class":
+    args["codec"] = ndq_tf.DitheredCodec
   with pytest.raises((TypeError, ValueError), match=message):
     multi_worker.MultiWorkerMirroredStrategy(**args)
 
@@ -97,22 +118,29 @@ def test_mmse_alpha_needs_the_automatic_mode():
 
 
 def test_several_devices_per_worker_sum_locally_and_encode_once():
-  """Two local replicas: one lossless sum, one payload, the same bits on both.
+  """Two local replicas: one lossless sum, one payload, one sender.
 
   MultiWorkerMirroredStrategy uses one CPU device per worker, so this path
-  (several GPUs per worker) is exercised here directly, with one worker.
+  (several GPUs per worker) is exercised here directly, with one worker. The
+  exchange needs two senders to be chosen by `ExchangeEngine.split`, so the
+  worker's exchange (`_exchange`: local sum, encode, all-gather, decode) is
+  called directly.
   """
   import ndq_tf  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import collective_util  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import reduce_util  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.distribute import values as value_lib  # pylint: disable=g-import-not-at-top
   devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
   codec = ndq_tf.DitheredCodec(num_levels=3)
+  # Gradient detection's `labels`, where the constructor takes them, are
+  # not used by `_exchange`.
+  labels = ({"labels": None} if "labels" in inspect.signature(
+      multi_worker.MultiWorkerCompressedAllReduce).parameters else {})
   ops = multi_worker.MultiWorkerCompressedAllReduce(
       devices=devices, group_size=2, options=collective_util.Options(),
       collective_keys=cross_device_utils.CollectiveKeys(group_key_start=7000),
-      codec=codec, num_workers=1, worker_id=0, min_elements=10)
+      compression=options_lib.CompressionOptions(codec, min_elements=10),
+      num_workers=1, worker_id=0, **labels)
   values = []
   for i, device in enumerate(devices):
     with tf.device(device):
@@ -120,23 +148,29 @@ def test_several_devices_per_worker_sum_locally_and_encode_once():
 
   @tf.function
   def reduce():
-    mirrored = ops._compressed_all_reduce(  # pylint: disable=protected-access
-        reduce_util.ReduceOp.MEAN, [value_lib.PerReplica(values)],
-        collective_util.Options())[0]
-    return list(mirrored.values)
+    return ops._exchange(  # pylint: disable=protected-access
+        reduce_util.ReduceOp.MEAN, [(0, values)], collective_util.Options(),
+        [])
 
-  first, second = [v.numpy() for v in reduce()]
-  np.testing.assert_array_equal(first.view(np.uint32), second.view(np.uint32))
+  (summed,) = reduce()
+  summed = summed.numpy()
   local_sum = values[0].numpy() + values[1].numpy()
   # DQSG bound per bucket of the *local sum*: |error| <= kappa * step / 2,
   # step = 1 / num_levels, then halved by MEAN over the 2 replicas.
   padded = np.pad(local_sum, (0, 3072 - 3000)).reshape(-1, 512)
   bound = np.repeat(np.abs(padded).max(axis=1), 512)[:3000] / 3 / 2 / 2
-  assert np.all(np.abs(first - local_sum / 2) <= bound * (1 + 1e-5) + 1e-7)
-  assert int(ops.step.numpy()) == 1
-  # The fused buffer pads the tensor to whole buckets (3072 elements).
-  assert int(ops.sent_bits.numpy()) == (
-      codec.wire_bits(3072) + 32 * multi_worker.HEADER_WORDS)
+  assert np.all(np.abs(summed - local_sum / 2) <= bound * (1 + 1e-5) + 1e-7)
+  stats = ops.engine.stats()
+  assert int(ops.engine.step.numpy()) == stats["step"] == 1
+  # One sender (the worker), however many local devices.
+  assert stats["senders"] == stats["local_senders"] == 1
+  assert stats["transport"] == "all_gather"
+  # The fused buffer pads the tensor to whole buckets (3072 elements): one
+  # payload, plus the header.
+  assert stats["payload_bits"] == codec.wire_bits(3072)
+  assert stats["sent_bits"] == (
+      codec.wire_bits(3072) + 32 * all_gather.HEADER_WORDS)
+  assert stats["compressed_elements"] == 3000
 
 
 def test_fit_two_workers_bitwise_identical_and_wire_bits(tmp_path):
@@ -149,12 +183,18 @@ def test_fit_two_workers_bitwise_identical_and_wire_bits(tmp_path):
     # One compressed exchange per step, from step 0.
     assert int(r["step_before"]) == 0
     assert int(r["step_after"]) == 20 == int(r["iterations"])
-    # Exactly the codec's bits for the one compressed kernel, plus the header.
-    assert int(r["wire_bits"]) == int(r["expected_wire_bits"])
+    # Exactly the codec's bits for the one compressed kernel, plus the
+    # header, plus the lossless tensors of the same call.
+    assert int(r["payload_bits"]) == int(r["expected_wire_bits"])
+    assert int(r["lossless_elements"]) == LOSSLESS_ELEMENTS
     assert int(r["sent_bits"]) == (int(r["expected_wire_bits"]) +
-                                   32 * multi_worker.HEADER_WORDS)
-    assert int(r["float32_bits"]) == 32 * 64 * 32
-    assert int(r["sent_bits"]) * 8 < int(r["float32_bits"])
+                                   32 * all_gather.HEADER_WORDS +
+                                   32 * LOSSLESS_ELEMENTS)
+    assert int(r["compressed_elements"]) == 64 * 32
+    assert int(r["senders"]) == 2 and int(r["local_senders"]) == 1
+    # The compressed kernel's share of the wire: 8x under float32.
+    compressed_bits = int(r["sent_bits"]) - 32 * LOSSLESS_ELEMENTS
+    assert compressed_bits * 8 < 32 * int(r["compressed_elements"])
 
 
 @pytest.mark.parametrize("eager, steps", [(False, 10), (True, 4)],
@@ -171,7 +211,8 @@ def test_custom_training_loop_two_workers(tmp_path, eager, steps):
     # `uncompressed()` was not compressed, and it is exact.
     assert int(r["step_after"]) == steps == int(r["iterations"])
     assert float(r["uncompressed_error"]) == 0.0
-    assert int(r["wire_bits"]) == int(r["expected_wire_bits"])
+    assert int(r["payload_bits"]) == int(r["expected_wire_bits"])
+    assert int(r["compressed_elements"]) == 64 * 32
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
@@ -185,13 +226,23 @@ def test_nested_group_two_workers_bitwise_identical(tmp_path, adaptive):
   _assert_bitwise_identical(results)
   for r in results:
     assert int(r["step_after"]) == 10
-    # Worker 0 sends DQSG ternary, worker 1 nested codes: the same rate.
-    assert int(r["wire_bits"]) == int(r["expected_wire_bits"])
+    # Worker 0 sends DQSG ternary, worker 1 nested codes: the same rate (so
+    # no padding in the all-gather).
+    assert int(r["payload_bits"]) == int(r["expected_wire_bits"])
     assert int(r["sent_bits"]) == (int(r["expected_wire_bits"]) +
-                                   32 * multi_worker.HEADER_WORDS)
-  # Telemetry is the worker's own: none on the reference worker.
-  assert np.all(np.isnan(results[0]["fallback"]))
+                                   32 * all_gather.HEADER_WORDS +
+                                   32 * LOSSLESS_ELEMENTS)
+  assert (int(results[0]["expected_wire_bits"]) ==
+          int(results[1]["expected_wire_bits"]))
+  # Telemetry is the worker's own: none on the reference worker (zeros in
+  # the telemetry, no noise state).
+  assert np.all(results[0]["fallback"] == 0.0)
+  assert int(results[0]["nested_elements"]) == 0
+  assert int(results[0]["overloads"]) == 0
+  assert int(results[0]["num_noise_plans"]) == 0
   assert np.all(np.isnan(results[0]["noise_gain"]))
+  assert int(results[1]["num_noise_plans"]) == 1
+  assert results[1]["noise_gain"].shape == (64 * 32 // 512,)
   fallback = results[1]["fallback"]
   print(f"adaptive={adaptive}: fallback per step {fallback}, overload rate "
         f"{float(results[1]['overload_rate']):.2e} (Gaussian "
@@ -208,6 +259,8 @@ def test_nested_group_two_workers_bitwise_identical(tmp_path, adaptive):
   else:
     assert np.all(fallback == 0.0)  # the fixed mode never falls back
     assert np.isfinite(float(results[1]["overload_rate"]))
+    # Every bucket of the nested worker was sent nested.
+    assert int(results[1]["nested_elements"]) == 64 * 32
 
 
 def test_workers_with_different_steps_fail_naming_both_steps(tmp_path):
@@ -239,17 +292,39 @@ def test_killed_worker_resumes_with_backup_and_restore(tmp_path):
     assert int(r["step_after"]) == int(r["iterations"]) == 30
 
 
+# bad_tf_config.py's cases: the entry the error must name, and the value
+# received as the message quotes it.
+BAD_TF_CONFIG = {
+    "not_json": ("`TF_CONFIG` must be JSON", "TF_CONFIG='{cluster: worker}'"),
+    "no_task": ("`TF_CONFIG['task']` must be set",
+                "Received: nothing (missing)"),
+    "index_out_of_range": ("`TF_CONFIG['task']['index']` must be an int in "
+                           "[0, 2)", "Received: 2 in TF_CONFIG="),
+    "unknown_job": ("`TF_CONFIG['task']['type']` must be a job of "
+                    "`TF_CONFIG['cluster']`", 'Received: "ps" in TF_CONFIG='),
+    "empty_worker_list": ("`TF_CONFIG['cluster']['worker']` must be a "
+                          "non-empty list", "Received: [] in TF_CONFIG="),
+    "bad_port": ("`TF_CONFIG['cluster']['worker'][1]` must be a 'host:port' "
+                 "string", 'Received: "127.0.0.1:http" in TF_CONFIG='),
+}
+
+
 def test_bad_tf_config_gives_clear_error():
   proc = subprocess.run(
       [sys.executable, os.path.join(SCRIPTS, "bad_tf_config.py")],
       env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
   assert proc.returncode == 0, proc.stdout + proc.stderr
-  outcomes = [json.loads(line) for line in proc.stdout.splitlines()
-              if line.startswith("{")]
-  assert len(outcomes) == 6, proc.stdout
-  for outcome in outcomes:
+  outcomes = {o["case"]: o for o in (
+      json.loads(line) for line in proc.stdout.splitlines()
+      if line.startswith("{"))}
+  assert sorted(outcomes) == sorted(BAD_TF_CONFIG), proc.stdout
+  for case, (entry, received) in BAD_TF_CONFIG.items():
+    outcome = outcomes[case]
     assert outcome["error"] == "ValueError", outcome
-    assert "TF_CONFIG" in outcome["message"], outcome
+    # Raised by the validation (ndq_tf.distribute.tf_config), not by TF.
+    assert outcome["origin"] == "tf_config.py", outcome
+    assert entry in outcome["message"], outcome
+    assert received in outcome["message"], outcome
 
 
 def test_missing_worker_fails_clearly_instead_of_hanging():

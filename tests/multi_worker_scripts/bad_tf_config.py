@@ -1,11 +1,14 @@
 """Builds the strategy once per malformed TF_CONFIG; prints one JSON line each.
 
 Validation happens before TF's runtime starts, so all cases run in one process.
+Each line has the error's type, message and `origin`: the module (file name)
+of the frame that raised it.
 """
 
 import json
 import os
 import sys
+import traceback
 
 CASES = {
     "not_json": "{cluster: worker}",
@@ -34,7 +37,10 @@ def main():
           codec=ndq_tf.DitheredCodec(num_levels=3), cluster_timeout=5)
       outcome = {"case": name, "error": None}
     except Exception as e:  # pylint: disable=broad-except
-      outcome = {"case": name, "error": type(e).__name__, "message": str(e)}
+      origin = os.path.basename(
+          traceback.extract_tb(e.__traceback__)[-1].filename)
+      outcome = {"case": name, "error": type(e).__name__, "message": str(e),
+                 "origin": origin}
     print(json.dumps(outcome), flush=True)
   return 0
 

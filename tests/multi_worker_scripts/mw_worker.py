@@ -2,7 +2,8 @@
 
 Trains a tiny MLP with `ndq_tf.MultiWorkerMirroredStrategy` and writes what the
 test checks to `<out_dir>/worker<i>.npz`: the weights, the compression step
-before and after training, and the bits of the last exchange.
+before and after training, and the telemetry of the last exchange
+(`strategy.compression_stats()`) with the nested sender's noise gains.
 
 Modes: `fit` (model.fit, optionally with BackupAndRestore and a worker that
 dies at a given global step) and `ctl` (a custom training loop with
@@ -11,6 +12,7 @@ provoke the step-mismatch error.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -99,7 +101,7 @@ def main():
   if worker == 1 and args.step_offset:
     strategy.compression_step.assign_add(args.step_offset)
 
-  ops = strategy.compressed_all_reduce
+  engine = strategy.compression_engine
   record = {"step_before": None}
 
   if args.mode == "fit":
@@ -150,11 +152,15 @@ def main():
           loss = loss_fn(labels, logits) / GLOBAL_BATCH
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        # A user all-reduce big enough to be compressed, opted out: exact.
+        # A user all-reduce big enough to be compressed and asked to be
+        # (`compressed()`, where it exists), opted out by the innermost
+        # scope: exact, and no compressed exchange.
         ctx = tf.distribute.get_replica_context()
         ones = tf.fill([INPUTS * HIDDEN],
                        tf.cast(ctx.replica_id_in_sync_group, tf.float32) + 1.0)
-        with ndq_tf.distribute.uncompressed():
+        compressed = getattr(ndq_tf.distribute, "compressed",
+                             contextlib.nullcontext)
+        with compressed(), ndq_tf.distribute.uncompressed():
           exact = ctx.all_reduce("SUM", ones)
         return loss, tf.reduce_max(tf.abs(exact - 3.0))
       loss, error = strategy.run(step_fn, args=(next(iterator),))
@@ -168,35 +174,49 @@ def main():
     record["fallback"] = []
     for i in range(args.steps):
       loss, error = train_step(dist)
-      record["fallback"].append(ops.last_fallback_fraction)
+      record["fallback"].append(
+          strategy.compression_stats()["fallback_fraction"]
+          if args.nested else float("nan"))
       record["uncompressed_error"] = max(record["uncompressed_error"],
                                          float(error))
       if i % 5 == 0:
         print(f"step {i} loss {float(loss):.4f}", flush=True)
 
+  stats = strategy.compression_stats()
+  # The nested sender's own noise state: one plan (the gradients), one row
+  # (this worker); none on a reference worker.
+  noise = (engine.nested_state.items() if engine.nested_state is not None
+           else [])
+  noise_gain = (noise[0][1][1].numpy()[0] if noise else np.full([1], np.nan))
   np.savez(
       os.path.join(args.out_dir, f"worker{worker}.npz"),
       *[v.numpy() for v in model.weights],
       step_before=np.int64(record["step_before"]),
       step_after=np.int64(strategy.compression_step.numpy()),
       iterations=np.int64(optimizer.iterations.numpy()),
-      sent_bits=np.int64(ops.sent_bits.numpy()),
-      wire_bits=np.int64(ops.wire_bits.numpy()),
-      float32_bits=np.int64(ops.float32_bits.numpy()),
+      stats_step=np.int64(stats["step"]),
+      senders=np.int64(stats["senders"]),
+      local_senders=np.int64(stats["local_senders"]),
+      sent_bits=np.int64(stats["sent_bits"]),
+      payload_bits=np.int64(stats["payload_bits"]),
+      compressed_elements=np.int64(stats["compressed_elements"]),
+      lossless_elements=np.int64(stats["lossless_elements"]),
+      compression_ratio=np.float64(stats["compression_ratio"]),
       expected_wire_bits=np.int64(codec.wire_bits(INPUTS * HIDDEN)),
       num_weights=np.int64(len(model.weights)),
       uncompressed_error=np.float64(record.get("uncompressed_error", 0.0)),
       fallback=np.asarray(record.get("fallback", []), np.float64),
-      overload_rate=np.float64(ops.last_overload_rate),
-      overload_probability=np.float64(ops.last_overload_probability),
-      noise_gain=(
-          ops.noise_state(INPUTS * HIDDEN // codec.bucket_size)[1].numpy()
-          if ops.noise_state(INPUTS * HIDDEN // codec.bucket_size) else
-          np.full([1], np.nan)))
+      overloads=np.int64(stats.get("overloads", -1)),
+      nested_elements=np.int64(stats.get("nested_elements", -1)),
+      overload_rate=np.float64(stats.get("overload_rate", np.nan)),
+      overload_probability=np.float64(
+          stats.get("overload_probability", np.nan)),
+      num_noise_plans=np.int64(len(noise)),
+      noise_gain=noise_gain)
   print("RESULT " + json.dumps({
       "worker": worker,
       "step_after": int(strategy.compression_step.numpy()),
-      "sent_bits": int(ops.sent_bits.numpy())}), flush=True)
+      "sent_bits": stats["sent_bits"]}), flush=True)
   return 0
 
 
