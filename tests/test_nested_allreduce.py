@@ -15,9 +15,11 @@ import tensorflow as tf
 
 import ndq_tf
 from ndq_tf import theory
-from ndq_tf.distribute import cross_device_ops as cdo
+from ndq_tf.distribute import engine as engine_lib
 from ndq_tf.distribute import fusion
+from ndq_tf.distribute import nested_state
 from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
+from ndq_tf.distribute.options import CompressionOptions
 from ndq_tf.distribute.mirrored import MirroredStrategy
 
 import digits_recipe
@@ -73,10 +75,10 @@ def _reduce(strategy, per_replica):
 
 def _replay(ops, per_replica, step, noise_scale=None):
   """The senders' wires and decodes of one call, rebuilt from the seeds."""
-  codecs = ops._sender_codecs(NUM_REPLICAS)  # pylint: disable=protected-access
+  codecs = ops.options.sender_codecs(NUM_REPLICAS)
   tensors = [[tf.constant(t) for t in r] for r in per_replica]
   plan = fusion.FusionPlan.from_tensors(tensors[0], D)
-  base = tf.constant([ops.seed, cdo._BASE_SEED_TAG], tf.int32)  # pylint: disable=protected-access
+  base = tf.constant([ops.seed, engine_lib.SEED_TAG], tf.int32)
   seeds = [fusion.derive_seed(base, step, s) for s in range(NUM_REPLICAS)]
   wires = [fusion.encode_fused(
       c, t, s, plan,
@@ -86,6 +88,12 @@ def _replay(ops, per_replica, step, noise_scale=None):
                                         return_side_information=True)
   fused = [plan.flatten(t).numpy() for t in tensors]
   return codecs, plan, wires, [x.numpy() for x in decoded], side, fused
+
+
+def _noise_state(ops):
+  """The only plan's `(signature, scale, gain)` (NumPy), rows = replicas."""
+  ((signature, (scale, gain)),) = ops.engine.nested_state.items()
+  return signature, scale.numpy(), gain.numpy()
 
 
 def _real_mask(plan):
@@ -120,14 +128,16 @@ class TestArguments:
     ops = CompressedAllReduce(_nested(), reference_codec=_reference())
     assert ops.reference_replicas == 0.5
     assert ops.reference_count(4) == 2
-    codecs = ops._sender_codecs(4)  # pylint: disable=protected-access
+    codecs = ops.options.sender_codecs(4)
     assert codecs == [_reference()] * 2 + [_nested()] * 2
 
   @pytest.mark.parametrize("fraction, replicas, count", [
       (0.5, 4, 2), (0.25, 4, 1), (0.01, 4, 1), (0.9, 4, 3), (0.9, 2, 1),
       (0.5, 3, 2), (1, 4, 1), (3, 4, 3)])
   def test_reference_count(self, fraction, replicas, count):
-    assert cdo.reference_count(fraction, replicas) == count
+    options = CompressionOptions(_nested(), reference_codec=_reference(),
+                                 reference_group=fraction)
+    assert options.reference_count(replicas) == count
 
   @pytest.mark.parametrize("kwargs, error, match", [
       ({}, ValueError, "side information"),
@@ -175,7 +185,7 @@ class TestArguments:
     sigmas = [0.01, 0.05, 0.1, 0.2, 0.4, 1.0]
     for k in (2, 3, 5):
       for alpha in (1.0, 0.8):
-        got = fusion.overload_probability(
+        got = nested_state.overload_probability(
             alpha, tf.constant(sigmas, tf.float64),
               tf.fill([len(sigmas)], tf.constant(1 / 3, tf.float64)), k)
         want = [theory.overload_probability(alpha, s, 1 / 3, k)
@@ -184,9 +194,10 @@ class TestArguments:
 
   def test_noise_scale_envelope(self):
     nan = float("nan")
-    got = cdo.next_noise_scale(tf.constant([nan, 1.0, 1.0, 1.0, 2.0]),
-                               tf.constant([0.5, 2.0, 0.5, nan, 1.0]))
-    memory = cdo.NOISE_MEMORY
+    got = nested_state.next_noise_scale(
+        tf.constant([nan, 1.0, 1.0, 1.0, 2.0]),
+        tf.constant([0.5, 2.0, 0.5, nan, 1.0]))
+    memory = nested_state.NOISE_MEMORY
     np.testing.assert_allclose(
         got.numpy(), [0.5, 2.0, memory, nan, 2 * memory], rtol=1e-6)
 
@@ -197,9 +208,10 @@ class TestArguments:
     goal = target * n
 
     def gain(g, overloads):
-      return cdo.next_noise_gain(tf.constant(g, tf.float32),
-                                 tf.constant(overloads, tf.float32),
-                                 tf.fill([len(g)], n), target).numpy()
+      return nested_state.next_noise_gain(tf.constant(g, tf.float32),
+                                          tf.constant(overloads, tf.float32),
+                                          tf.fill([len(g)], n),
+                                          target).numpy()
 
     np.testing.assert_allclose(
         gain([1.0, 1.0, 1.0, 1.0], [goal, 0.0, 2.0, 50.0]),
@@ -266,18 +278,23 @@ def test_batch_reduce_is_identical_everywhere_and_within_the_bound(noise):
   measured = int(np.sum(
       [np.abs(errors[p])[real] > half_step[p][real] * (1 + 1e-5) + 1e-6
        for p in range(2, NUM_REPLICAS)]))
-  estimate = ops.last_overload_probability
+  stats = ops.stats()
+  estimate = stats["overload_probability"]
   print(f"noise {noise}: overloads measured {measured} / {n} = "
         f"{measured / n:.2e}, theory at the true sigma {expected_count / n:.2e},"
         f" telemetry estimate {estimate:.2e}, telemetry count "
-        f"{ops.last_overloads}")
+        f"{stats['overloads']}")
   # The senders' own count (exact, from the residual's coarse cell) is the
   # ground truth this test computes from the error's size.
-  assert ops.last_overloads == measured
-  assert ops.last_overload_rate == measured / n
+  assert stats["overloads"] == measured
+  assert stats["nested_elements"] == n  # the fixed mode nests every bucket
+  assert stats["overload_rate"] == measured / n
   # The noise scales: each nested sender's exact RMS of g_p - y_p per
-  # bucket over the real elements (float32 sums: relative 1e-5).
-  sigma = ops.noise_scale(plan.total_size // D).numpy()
+  # bucket over the real elements (float32 sums: relative 1e-5). One state
+  # entry, of this call's plan; one row per replica.
+  signature, sigma, _ = _noise_state(ops)
+  assert signature == plan.signature
+  assert sigma.shape == (NUM_REPLICAS, plan.total_size // D)
   assert np.all(np.isnan(sigma[:2]))
   for p in range(2, NUM_REPLICAS):
     z = np.where(real, fused[p] - side[p].numpy(), 0.0).reshape(-1, D)
@@ -287,7 +304,7 @@ def test_batch_reduce_is_identical_everywhere_and_within_the_bound(noise):
     # What the adaptive step at a given noise scale would overload, on
     # average over the dither, from the exact z (the gains' feedback).
     used = np.linspace(0.02, 0.5, sigma.shape[1]).astype(np.float32)
-    got = fusion.nested_sender_statistics(
+    got = nested_state.sender_statistics(
         codecs[p], wires[p], fused[p], side[p], decoded[p], plan,
         noise_scale=used)["bucket_overloads"].numpy()
     step = theory.auto_nested_step_ratio(3, 1e-4, 1.0) * used[:, None]
@@ -307,14 +324,19 @@ def test_batch_reduce_is_identical_everywhere_and_within_the_bound(noise):
   else:
     assert expected_count > 20  # the regime is really tested
     assert 0.5 < estimate / (expected_count / n) < 2.0
-  assert ops.last_fallback_fraction == 0.0  # fixed mode never falls back
+  assert stats["fallback_fraction"] == 0.0  # fixed mode never falls back
 
   # Wire bits: each sender's real payload, P1 and P2 differ.
   total = plan.total_size
   want = [_reference().wire_bits(total)] * 2 + [_nested().wire_bits(total)] * 2
-  assert ops.last_sender_bits == want
-  assert ops.last_compressed_bits == sum(want)
+  assert want[0] != want[2]
+  assert [32 * plan.wire_words(c) for c in codecs] == want
   assert [32 * int(tf.size(w)) for w in wires] == want
+  # The telemetry sums every replica's payload; nothing went losslessly.
+  assert stats["payload_bits"] == sum(want)
+  assert stats["sent_bits"] == sum(want)
+  assert stats["lossless_elements"] == 0
+  assert stats["compressed_elements"] == plan.num_elements
 
 
 # -- Automatic mode ---------------------------------------------------------------
@@ -334,42 +356,44 @@ def test_automatic_mode_falls_back_first_then_nests_and_restores(tmp_path):
     truth = np.concatenate([np.mean([r[k] for r in per_replica], axis=0).ravel()
                             for k in range(2)])
     got = np.concatenate([c[0].numpy().ravel() for c in results])
-    fallback.append(ops.last_fallback_fraction)
+    fallback.append(ops.stats()["fallback_fraction"])
     mse.append(float(np.mean((got - truth)**2)))
   num_buckets = 65  # 64 + 1 (300 elements padded to a bucket)
-  sigma = ops.noise_scale(num_buckets)
-  gain = ops.noise_gain(num_buckets)
+  signature, sigma, gain = _noise_state(ops)
+  assert sigma.shape == gain.shape == (NUM_REPLICAS, num_buckets)
+  stats = ops.stats()
   print(f"fallback fraction per step {fallback}, MSE {mse}, "
-        f"sigma {sigma.numpy()[2:, :3]}, gain {gain.numpy()}, overload "
-        f"{ops.last_overload_probability} (counted {ops.last_overloads})")
+        f"sigma {sigma[2:, :3]}, gain {gain}, overload "
+        f"{stats['overload_probability']} (counted {stats['overloads']})")
   assert fallback[0] == 1.0
   assert all(f <= 0.05 for f in fallback[1:])
   assert mse[-1] < 0.5 * mse[0]  # nested codes beat the ternary fallback
   # Rows of the reference senders stay NaN (their exact values are checked
   # in the fixed-mode test above).
-  assert np.all(np.isnan(sigma.numpy()[:2]))
-  assert np.all(np.isfinite(sigma.numpy()[2:]) & (sigma.numpy()[2:] > 0))
+  assert np.all(np.isnan(sigma[:2]))
+  assert np.all(np.isfinite(sigma[2:]) & (sigma[2:] > 0))
   # Gains: the reference rows never move; the nested ones fell at most
   # 0.8x per call over the 3 calls after the first, and Gaussian z at the
   # target step overloads too rarely to raise them far.
-  assert np.all(gain.numpy()[:2] == 1.0)
-  assert np.all((gain.numpy()[2:] >= 0.8**3 * 0.999)
-                & (gain.numpy()[2:] <= 4.0))
-  assert ops.last_overload_probability < 10 * ops.codec.overload_target
+  assert np.all(gain[:2] == 1.0)
+  assert np.all((gain[2:] >= 0.8**3 * 0.999) & (gain[2:] <= 4.0))
+  assert stats["overload_probability"] < 10 * ops.codec.overload_target
 
   # Step counter and noise scales restore through tf.train.Checkpoint, also
   # into an object that has not created its noise variable yet.
   path = tf.train.Checkpoint(ops=ops).save(str(tmp_path / "ckpt"))
   names = [n for n, _ in tf.train.list_variables(path)]
-  assert any(f"buckets_{num_buckets}" in n for n in names), names
+  assert sum(signature in n for n in names) == 2, names  # scale and gain
   fresh = CompressedAllReduce(_nested(), reference_codec=_reference(),
                               reference_replicas=2, adaptive=True,
                               min_elements=64, seed=5)
   tf.train.Checkpoint(ops=fresh).restore(path).assert_existing_objects_matched()
   assert int(fresh.step.numpy()) == 4
-  restored, restored_gain = fresh.nested_state(num_buckets, NUM_REPLICAS)
-  np.testing.assert_array_equal(restored.numpy(), sigma.numpy())
-  np.testing.assert_array_equal(restored_gain.numpy(), gain.numpy())
+  fresh.engine.nested_state.variables_for(signature, NUM_REPLICAS,
+                                          num_buckets)
+  restored = fresh.engine.nested_state.read(signature)
+  np.testing.assert_array_equal(restored.scale.numpy(), sigma)
+  np.testing.assert_array_equal(restored.gain.numpy(), gain)
   # ... and the next call continues bitwise as the original would.
   per_replica = _correlated(0.05, seed=9)
   a = _reduce(strategy, per_replica)
@@ -377,6 +401,33 @@ def test_automatic_mode_falls_back_first_then_nests_and_restores(tmp_path):
               per_replica)
   for x, y in zip(a, b):
     np.testing.assert_array_equal(_bits(x[0].numpy()), _bits(y[0].numpy()))
+
+
+def test_buffers_with_as_many_buckets_keep_separate_noise_states():
+  """The noise state is keyed by the fusion plan, not by its bucket count."""
+  ops = CompressedAllReduce(_nested(), reference_codec=_reference(),
+                            reference_replicas=2, adaptive=True,
+                            min_elements=64, seed=5)
+  strategy = MirroredStrategy(cross_device_ops=ops, devices=_devices())
+  two_tensors = ((128, 256), (300,))  # 64 + 1 buckets
+  one_tensor = ((65 * D,),)           # 65 buckets
+  for step in range(2):
+    _reduce(strategy, _correlated(0.05, seed=step, shapes=two_tensors))
+  # The second call of that plan knew its noise: it nested its buckets.
+  assert ops.stats()["fallback_fraction"] <= 0.05
+  signature, sigma, gain = _noise_state(ops)
+  _reduce(strategy, _correlated(0.05, seed=2, shapes=one_tensor))
+  # A new plan starts from no noise knowledge (falls back everywhere), not
+  # from the state of the other buffer of 65 buckets ...
+  assert ops.stats()["fallback_fraction"] == 1.0
+  entries = dict(ops.engine.nested_state.items())
+  other = fusion.FusionPlan([(65 * D,)], [tf.float32], D).signature
+  assert sorted(entries) == sorted([signature, other]) and other != signature
+  assert entries[other][0].shape == (NUM_REPLICAS, 65)
+  # ... and leaves that state alone.
+  np.testing.assert_array_equal(entries[signature][0].numpy(), sigma)
+  np.testing.assert_array_equal(entries[signature][1].numpy(), gain)
+  assert not np.array_equal(entries[other][0].numpy()[2:], sigma[2:])
 
 
 def test_noise_scales_are_saved_with_the_model(tmp_path):
@@ -387,24 +438,30 @@ def test_noise_scales_are_saved_with_the_model(tmp_path):
       model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     return strategy.compressed_all_reduce, model
 
+  # The state of a 3-bucket plan.
+  signature = fusion.FusionPlan([(3 * D,)], [tf.float32], D).signature
   ops, model = build()
   ops.step.assign(3)
+  scale, gain = ops.engine.nested_state.variables_for(signature,
+                                                      NUM_REPLICAS, 3)
   sigma = [[np.nan] * 3] * 2 + [[0.5, np.nan, 2.0], [1.0, 2.0, 3.0]]
-  ops.nested_state(3, NUM_REPLICAS)[0].assign(sigma)
+  scale.assign(sigma)
   gains = [[1.0] * 3] * 2 + [[2.5, 0.5, 1.0], [1.0, 1.25, 0.8]]
-  ops.nested_state(3, NUM_REPLICAS)[1].assign(gains)
+  gain.assign(gains)
   model.save_weights(str(tmp_path / "m.weights.h5"))
   path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
   for load in ("h5", "checkpoint"):
     fresh_ops, fresh = build()  # no noise variable yet
+    assert fresh_ops.engine.nested_state.items() == []
     if load == "h5":
       fresh.load_weights(str(tmp_path / "m.weights.h5"))
     else:
       tf.train.Checkpoint(model=fresh).restore(path).expect_partial()
     assert int(fresh_ops.step.numpy()) == 3, load
-    restored_sigma, restored_gain = fresh_ops.nested_state(3, NUM_REPLICAS)
-    np.testing.assert_array_equal(restored_sigma.numpy(), sigma)
-    np.testing.assert_array_equal(restored_gain.numpy(),
+    fresh_ops.engine.nested_state.variables_for(signature, NUM_REPLICAS, 3)
+    restored = fresh_ops.engine.nested_state.read(signature)
+    np.testing.assert_array_equal(restored.scale.numpy(), sigma)
+    np.testing.assert_array_equal(restored.gain.numpy(),
                                   np.asarray(gains, np.float32))
 
 
@@ -421,13 +478,12 @@ def test_compression_stats_logs_the_counted_overload_rate():
     warnings.filterwarnings("error", message="CompressionStats")
     history = model.fit(x, x, batch_size=32, epochs=2, verbose=0,
                         callbacks=[ndq_tf.keras.CompressionStats()])
-  ops = strategy.compressed_all_reduce
-  assert history.history["fallback_fraction"][-1] == ops.last_fallback_fraction
-  rate = ops.last_overload_rate
-  if math.isnan(rate):  # every bucket fell back: nothing to count
-    assert "overload_rate" not in history.history
-  else:
-    assert history.history["overload_rate"][-1] == rate
+  stats = strategy.compression_stats()
+  assert history.history["fallback_fraction"][-1] == stats["fallback_fraction"]
+  assert history.history["overload_rate"][-1] == stats["overload_rate"]
+  if stats["nested_elements"] == 0:  # every bucket fell back: none counted
+    assert stats["overload_rate"] == 0.0 and stats["overloads"] == 0
+    assert stats["fallback_fraction"] == 1.0
 
 
 def test_compression_stats_warns_once_about_frequent_overload():
@@ -480,10 +536,10 @@ def digits_baseline():
   for seed in DIGITS_SEEDS:
     dqsg = MirroredStrategy(codec=_reference(), devices=_devices(), seed=seed)
     accuracy[seed] = _fit_digits(dqsg, data, seed)
-    ops = dqsg.compressed_all_reduce
+    stats = dqsg.compression_stats()
     print(f"\ndqsg num_levels=3 seed {seed}: acc {accuracy[seed]:.4f}, "
-          f"bits/elt {ops.wire_bits_per_element:.3f}")
-  return data, accuracy, ops.last_wire_bits
+          f"bits/elt {stats['wire_bits_per_element']:.3f}")
+  return data, accuracy, stats["sent_bits"]
 
 
 def _fit_nested(data, baseline_bits, count, adaptive, seed):
@@ -491,15 +547,15 @@ def _fit_nested(data, baseline_bits, count, adaptive, seed):
                               reference_replicas=count, adaptive=adaptive,
                               devices=_devices(), seed=seed)
   accuracy = _fit_digits(strategy, data, seed)
-  ops = strategy.compressed_all_reduce
+  stats = strategy.compression_stats()
   mode = "adaptive" if adaptive else "fixed"
   print(f"ndqsg {mode} |P1|={count}/4 seed {seed}: acc {accuracy:.4f}, "
-        f"bits/elt {ops.wire_bits_per_element:.3f} "
-        f"({1 - ops.last_wire_bits / baseline_bits:.1%} fewer), overload "
-        f"counted {ops.last_overload_rate:.2e} (Gaussian "
-        f"{ops.last_overload_probability:.2e}), fallback "
-        f"{ops.last_fallback_fraction:.2f}")
-  return accuracy, ops.last_wire_bits
+        f"bits/elt {stats['wire_bits_per_element']:.3f} "
+        f"({1 - stats['sent_bits'] / baseline_bits:.1%} fewer), overload "
+        f"counted {stats['overload_rate']:.2e} (Gaussian "
+        f"{stats['overload_probability']:.2e}), fallback "
+        f"{stats['fallback_fraction']:.2f}")
+  return accuracy, stats["sent_bits"]
 
 
 def test_digits_nested_half_reference_within_half_a_point_of_dqsg(
