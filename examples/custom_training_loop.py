@@ -161,7 +161,7 @@ def main(argv):
   print(f"test accuracy {accuracy:.4f}; replicas bitwise identical: "
         f"{identical}")
   if _MODE.value == "strategy":
-    stats = strategy.compressed_all_reduce.stats()
+    stats = strategy.compression_stats()
     print(f"wire bits/element {stats['wire_bits_per_element']:.3f}, "
           f"compression ratio {stats['compression_ratio']:.2f}")
   else:

@@ -140,16 +140,23 @@ def fit_one(spec, devices, data):
   ops = strategy.compressed_all_reduce
   label = spec
   if ops.needs_reference:
+    from ndq_tf.distribute import fusion  # pylint: disable=g-import-not-at-top
+    stats = strategy.compression_stats()
     p1 = ops.reference_count(len(devices))
     mode = ", adaptive" if ops.adaptive else ""
     label = f"{spec} (P1 {p1}/{len(devices)} dqsg:num_levels=3{mode})"
+    # Every sender's payload: its codec's wire for the fused gradients that
+    # were compressed (those of at least min_elements elements).
+    plan = fusion.FusionPlan.from_tensors(
+        [v for v in model.trainable_variables
+         if np.prod(v.shape) >= ops.min_elements], ops.codec.bucket_size)
     print(f"  {label}: last step: overloaded elements (counted by the "
-          f"senders) {ops.last_overload_rate:.2e}, Gaussian prediction "
-          f"{ops.last_overload_probability:.2e}, fallback fraction "
-          f"{ops.last_fallback_fraction:.2f}, compressed bits/elt per "
+          f"senders) {stats['overload_rate']:.2e}, Gaussian prediction "
+          f"{stats['overload_probability']:.2e}, fallback fraction "
+          f"{stats['fallback_fraction']:.2f}, compressed bits/elt per "
           f"sender " + " ".join(
-              f"{b / ops.last_compressed_elements:.2f}"
-              for b in ops.last_sender_bits))
+              f"{plan.wire_bits(c) / stats['compressed_elements']:.2f}"
+              for c in ops.options.sender_codecs(len(devices))))
   return {
       "codec": label,
       "accuracy": accuracy,
