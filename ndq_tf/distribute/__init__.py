@@ -10,4 +10,5 @@ from ndq_tf.distribute.fusion import encode_fused
 from ndq_tf.distribute.mirrored import MirroredStrategy
 from ndq_tf.distribute.multi_worker import MultiWorkerMirroredStrategy
 from ndq_tf.distribute.options import CompressionOptions
+from ndq_tf.distribute.scope import compressed
 from ndq_tf.distribute.scope import uncompressed

@@ -7,6 +7,7 @@ exchange engine (`ndq_tf.distribute.engine`) over device copies
 through a fallback `CrossDeviceOps`.
 """
 
+from absl import logging
 import keras
 import tensorflow as tf
 
@@ -24,8 +25,9 @@ __all__ = [
 class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
   """Cross-device all-reduce that sends quantized gradients between replicas.
 
-  A `tf.distribute.CrossDeviceOps` for `tf.distribute.MirroredStrategy`. In
-  each compressed `batch_reduce` call, every replica (sender) fuses its
+  The `tf.distribute.CrossDeviceOps` of `ndq_tf.MirroredStrategy` (pass it as
+  `ndq_tf.MirroredStrategy(cross_device_ops=...)`). In each compressed
+  `batch_reduce` call, every replica (sender) fuses its
   compressible tensors into one buffer and encodes it on its own device;
   only the packed `int32` payloads are copied to the other devices; every
   replica decodes every payload in replica order and sums them with one
@@ -36,10 +38,19 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
   `ndq_tf.MultiWorkerMirroredStrategy`; the equations are in
   docs/algorithms.md.
 
-  Everything not compressed goes through `fallback` unchanged: `reduce`
-  (metrics, losses), broadcasts (the optimizer's int64 step), integer
-  tensors, small tensors, `IndexedSlices` (unless
-  `compress_indexed_slices`), gathers. One call may mix both kinds.
+  What is compressed: gradient aggregation, i.e. the all-reduce of the
+  gradients a Keras optimizer is applying (`model.fit`, `apply_gradients`
+  in custom loops, `LossScaleOptimizer`, gradient accumulation; see
+  `ndq_tf.distribute.gradient_detection`), and all-reduces built inside
+  `ndq_tf.distribute.compressed()`; of those, SUM or MEAN of dense floating
+  tensors of at least `min_elements` elements. Everything else goes
+  through `fallback` unchanged: other all-reduces (synchronized
+  BatchNormalization, metrics, losses, your own `ReplicaContext.all_reduce`),
+  `reduce`, broadcasts (the optimizer's int64 step), integer tensors, small
+  tensors, `IndexedSlices` (unless `compress_indexed_slices`), gathers. One
+  call may mix both kinds. Inside a plain `tf.distribute.MirroredStrategy`,
+  which cannot tell gradients apart, only `compressed()` scopes are
+  compressed.
 
   State: the engine's step counter (the dither's step, advanced by one per
   compressed call), its telemetry and the nested senders' noise state are
@@ -67,8 +78,8 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
   Example:
 
   >>> codec = ndq_tf.DitheredCodec(num_levels=3)
-  >>> strategy = tf.distribute.MirroredStrategy(
-  ...     cross_device_ops=ndq_tf.CompressedAllReduce(codec))
+  >>> strategy = ndq_tf.MirroredStrategy(
+  ...     cross_device_ops=ndq_tf.CompressedAllReduce(codec, seed=7))
 
   Args:
     codec: an `ndq_tf` codec, a spec string (`"dqsg:num_levels=3"`) or a
@@ -135,6 +146,16 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
     self._fallback = fallback
     self._engine = engine_lib.ExchangeEngine(
         self._options, transports.DeviceCopyTransport.name)
+    self._labels = None
+    self._warned_unlabelled = False
+
+  def attach_labels(self, labels):
+    """Called by `ndq_tf.MirroredStrategy`: how to recognise gradients.
+
+    Args:
+      labels: the strategy's `gradient_detection.ReductionLabels`.
+    """
+    self._labels = labels
 
   # -- Configuration ----------------------------------------------------------
 
@@ -256,8 +277,8 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
     pairs = list(value_destination_pairs)
     num_replicas = max((len(v.values) for v, _ in pairs if isinstance(
         v, tf_internals.DistributedValues)), default=1)
-    compressed, lossless, devices = self._engine.split(reduce_op, pairs,
-                                                       num_replicas)
+    compressed, lossless, devices = self._engine.split(
+        reduce_op, pairs, num_replicas, gradient=self._is_gradient())
     results = [None] * len(pairs)
     if lossless:
       reduced = self._fallback.batch_reduce(
@@ -276,6 +297,21 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
         results[i] = tf_internals.regroup_mirrored(
             [summed[k] for summed in per_destination])
     return results
+
+
+  def _is_gradient(self):
+    if self._labels is not None:
+      return self._labels.consume()
+    if not self._warned_unlabelled:
+      self._warned_unlabelled = True
+      logging.warning(
+          "ndq_tf: CompressedAllReduce inside a plain "
+          "tf.distribute.MirroredStrategy cannot recognise gradient "
+          "aggregation, so it compresses only all-reduces built inside "
+          "ndq_tf.distribute.compressed(). Use "
+          "ndq_tf.MirroredStrategy(cross_device_ops=...) to compress "
+          "gradients.")
+    return False
 
 
 def _is_mean(reduce_op):

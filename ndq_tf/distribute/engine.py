@@ -98,59 +98,75 @@ class ExchangeEngine(tf.Module):
   # -- What is compressed -----------------------------------------------------
 
   def dense_values(self, value, destinations):
-    """The per-replica dense tensors of `value` if it is compressed, else None.
+    """The per-replica dense tensors of `value` if it can be compressed.
 
     Args:
       value: a `PerReplica` (or a plain tensor: one local replica).
       destinations: where the result goes.
 
     Returns:
-      `(tensors, devices)`, or None.
+      `((tensors, devices), None)` if it can be compressed; else `(None,
+      reason)`, where `reason` is None for values that are not compressed
+      by rule (integers, small tensors, `IndexedSlices` unless asked) and a
+      sentence for a floating value of at least `min_elements` elements
+      that cannot be (the caller warns and counts).
     """
+    options = self._options
     if isinstance(value, tf_internals.DistributedValues):
       parts = list(value.values)
       devices = tuple(tf_internals.get_devices_from(value))
-      if devices != tuple(tf_internals.get_devices_from(destinations)):
-        _warn_once(
-            "destinations",
-            "a gradient reduced to other devices than its own travels "
-            "losslessly (values on %s, destinations %s).", devices,
-            tuple(tf_internals.get_devices_from(destinations)))
-        return None
+      targets = tuple(tf_internals.get_devices_from(destinations))
     elif tf.is_tensor(value):
       parts = [value]
-      devices = (value.device,)
+      devices = targets = (value.device,)
     else:
-      return None
+      return None, None
     tensors = []
     for v in parts:
       if isinstance(v, tf.IndexedSlices):
-        if not self._options.compress_indexed_slices:
-          return None
+        if not options.compress_indexed_slices:
+          return None, None
         shape = tf.TensorShape(tf.get_static_value(v.dense_shape))
         if shape.rank is None or not shape.is_fully_defined():
-          return None
+          return None, "IndexedSlices without a static dense shape"
         with tf.device(v.values.device):
           v = tf.scatter_nd(tf.expand_dims(v.indices, -1), v.values, shape)
       elif not isinstance(v, tf.Tensor):
-        return None
-      if not v.dtype.is_floating or not v.shape.is_fully_defined():
-        return None
+        return None, None
+      if not v.dtype.is_floating:
+        return None, None
+      n = v.shape.num_elements()
+      if n is not None and n < options.min_elements:
+        return None, None
+      if n is None:
+        return None, f"a tensor without a static shape ({v.shape})"
       tensors.append(v)
     if any(t.shape != tensors[0].shape or t.dtype != tensors[0].dtype
            for t in tensors):
-      return None
-    if tensors[0].shape.num_elements() < self._options.min_elements:
-      return None
-    return tensors, devices
+      return None, "shapes or dtypes that differ between replicas"
+    if devices != targets:
+      return None, (f"destinations on other devices ({targets}) than the "
+                    f"values ({devices})")
+    return (tensors, devices), None
 
-  def split(self, reduce_op, pairs, num_senders):
+  def split(self, reduce_op, pairs, num_senders, gradient):
     """Sorts a `batch_reduce` call's values into compressed and lossless.
+
+    A call is compressed when it is gradient aggregation (`gradient`, see
+    `gradient_detection`) or built inside `ndq_tf.distribute.compressed()`,
+    and not inside `uncompressed()`; then each value is compressed if
+    `dense_values` accepts it. Values of a floating dtype that qualify by
+    size but cannot be compressed for a structural reason (destinations or
+    devices that differ, no static shape, shapes that differ between
+    replicas) travel losslessly with a one-time warning, and are counted
+    (`Telemetry`, `lossless_fallbacks`).
 
     Args:
       reduce_op: a `tf.distribute.ReduceOp` or its name.
       pairs: the `(value, destinations)` pairs of the call.
       num_senders: senders of the exchange (replicas or workers).
+      gradient: whether the call is a Keras optimizer's gradient
+        aggregation.
 
     Returns:
       `(compressed, lossless, devices)`: a list of `(index, dense
@@ -159,27 +175,39 @@ class ExchangeEngine(tf.Module):
     """
     if isinstance(reduce_op, str):
       reduce_op = tf.distribute.ReduceOp(reduce_op.upper())
-    if (num_senders < 2 or scope.in_uncompressed_scope() or
+    mode = scope.explicit_mode()
+    wanted = mode == scope.COMPRESSED or (mode is None and gradient)
+    if (not wanted or num_senders < 2 or
         reduce_op not in (tf.distribute.ReduceOp.SUM,
                           tf.distribute.ReduceOp.MEAN)):
+      if gradient and mode is None and num_senders >= 2:
+        self.telemetry.count(uncompressed_gradient_reductions=1)
       return [], list(range(len(pairs))), None
     compressed, lossless = [], []
     devices = None
+    fallbacks = 0
     for index, (value, destinations) in enumerate(pairs):
-      dense = self.dense_values(value, destinations)
+      dense, reason = self.dense_values(value, destinations)
       if dense is not None:
         if devices is None:
           devices = dense[1]
         elif dense[1] != devices:
-          _warn_once("devices",
-                     "values of one batch_reduce on other devices (%s) than "
-                     "the first compressed one (%s) travel losslessly.",
-                     dense[1], devices)
-          dense = None
+          dense, reason = None, (
+              f"values on other devices ({dense[1]}) than the first "
+              f"compressed one ({devices})")
       if dense is None:
         lossless.append(index)
+        if reason:
+          fallbacks += 1
+          _warn_once(reason.split(" (")[0],
+                     "a floating tensor of at least min_elements elements "
+                     "travels losslessly: %s.", reason)
       else:
         compressed.append((index, dense[0]))
+    if fallbacks:
+      self.telemetry.count(lossless_fallbacks=fallbacks)
+    if not compressed and gradient:
+      self.telemetry.count(uncompressed_gradient_reductions=1)
     return compressed, lossless, devices
 
   # -- The exchange ------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from ndq_tf.distribute import gradient_detection
 from ndq_tf.distribute import strategy_state
 from ndq_tf.distribute import tf_internals
 from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
@@ -9,6 +10,11 @@ from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
 __all__ = [
     "MirroredStrategy",
 ]
+
+
+class _MirroredExtended(gradient_detection.LabellingExtendedMixin,
+                        tf_internals.MirroredExtended):
+  """`MirroredExtended` that notes which all-reduces aggregate gradients."""
 
 
 class MirroredStrategy(tf.distribute.MirroredStrategy,
@@ -103,7 +109,11 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
             f"`cross_device_ops` must be an ndq_tf.CompressedAllReduce (use "
             f"tf.distribute.MirroredStrategy for other ones). Received: "
             f"{type(cross_device_ops).__name__}.")
-    super().__init__(devices=devices, cross_device_ops=cross_device_ops)
+    # tf.distribute.MirroredStrategy's constructor hard-codes its extended;
+    # build ours (the same, plus gradient detection) instead.
+    tf_internals.Strategy.__init__(self, _MirroredExtended(
+        self, devices=devices, cross_device_ops=cross_device_ops))
+    cross_device_ops.attach_labels(self.extended.reduction_labels)
     if cross_device_ops.needs_reference:
       # Raises a clear error now rather than at the first all-reduce.
       cross_device_ops.reference_count(len(self.extended.worker_devices))

@@ -26,6 +26,7 @@ References:
 import tensorflow as tf
 
 from ndq_tf.distribute import engine as engine_lib
+from ndq_tf.distribute import gradient_detection
 from ndq_tf.distribute import options as options_lib
 from ndq_tf.distribute import startup_watchdog
 from ndq_tf.distribute import strategy_state
@@ -65,19 +66,21 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
     compression: the `CompressionOptions`.
     num_workers: number of workers.
     worker_id: this worker's index, `0 <= worker_id < num_workers`.
+    labels: the extended's `gradient_detection.ReductionLabels`.
     engine: the `ExchangeEngine` to use (the strategy keeps one across
       re-initializations); a new one when None.
     canonicalize_devices: as in `CollectiveAllReduce`.
   """
 
   def __init__(self, devices, group_size, options, collective_keys,
-               compression, num_workers, worker_id, engine=None,
+               compression, num_workers, worker_id, labels, engine=None,
                canonicalize_devices=True):
     super().__init__(devices, group_size, options,
                      collective_keys=collective_keys,
                      canonicalize_devices=canonicalize_devices)
     self._num_workers = num_workers
     self._worker_id = worker_id
+    self._labels = labels
     # One launcher on the first device of every worker: the group of the
     # compressed exchange. Keys come from the shared CollectiveKeys, in the
     # same order on every worker (construction order), so they match.
@@ -106,8 +109,9 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
   def batch_reduce_implementation(self, reduce_op, value_destination_pairs,
                                   options):
     pairs = list(value_destination_pairs)
-    compressed, lossless, _ = self._engine.split(reduce_op, pairs,
-                                                 self._num_workers)
+    compressed, lossless, _ = self._engine.split(
+        reduce_op, pairs, self._num_workers,
+        gradient=self._labels.consume())
     if not compressed:
       return super().batch_reduce_implementation(reduce_op, pairs, options)
     results = [None] * len(pairs)
@@ -159,7 +163,8 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
     return self
 
 
-class _CompressedCollectiveExtended(_BASES.CollectiveAllReduceExtended):
+class _CompressedCollectiveExtended(gradient_detection.LabellingExtendedMixin,
+                                   _BASES.CollectiveAllReduceExtended):
   """`CollectiveAllReduceExtended` with compressed cross-device ops."""
 
   def __init__(self, container_strategy, cluster_resolver,
@@ -208,6 +213,7 @@ class _CompressedCollectiveExtended(_BASES.CollectiveAllReduceExtended):
         compression=self._compression,
         num_workers=self._num_workers,
         worker_id=self._id_in_cluster,
+        labels=self.reduction_labels,
         engine=self._engine)
     self._engine = self._cross_device_ops.engine
 
@@ -288,7 +294,7 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
                reference_codec=None, reference_workers=None,
                cluster_timeout=None, adaptive=None,
                compress_indexed_slices=False):
-    internals = tf_internals.multi_worker()
+    tf_internals.multi_worker()  # Raises if this TF lacks its internals.
     compression = options_lib.CompressionOptions(
         codec, min_elements=min_elements, seed=seed,
         compress_indexed_slices=compress_indexed_slices,
@@ -307,7 +313,7 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
     self._compression = compression
     self._cluster_timeout = cluster_timeout
     # The parent's constructor hard-codes its extended; build ours instead.
-    internals.Strategy.__init__(self, _CompressedCollectiveExtended(
+    tf_internals.Strategy.__init__(self, _CompressedCollectiveExtended(
         self, cluster_resolver=cluster_resolver,
         communication_options=communication_options,
         compression=compression, cluster_timeout=cluster_timeout))

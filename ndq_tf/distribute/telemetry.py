@@ -30,6 +30,16 @@ Keys (all of the last compressed exchange):
   call (compressed and lossless): 32 for float32 everywhere.
 * `compression_ratio`: float32 bits of the same elements / `sent_bits`.
 
+Counted since the strategy was built (not only the last exchange):
+
+* `uncompressed_gradient_reductions`: gradient aggregations in which
+  nothing was compressed (every gradient below `min_elements`, say).
+* `lossless_fallbacks`: floating tensors of at least `min_elements`
+  elements, in reductions that were to be compressed, that travelled
+  losslessly for a structural reason (destinations on other devices, no
+  static shape, shapes that differ between replicas); each reason is
+  also logged once.
+
 With a nested codec, about this process's nested senders (none on a
 reference worker: zeros):
 
@@ -54,12 +64,14 @@ __all__ = [
 
 KEYS = ("step", "transport", "senders", "local_senders", "sent_bits",
         "payload_bits", "compressed_elements", "lossless_elements",
-        "wire_bits_per_element", "compression_ratio")
+        "wire_bits_per_element", "compression_ratio",
+        "uncompressed_gradient_reductions", "lossless_fallbacks")
 NESTED_KEYS = ("overloads", "nested_elements", "overload_rate",
                "overload_probability", "fallback_fraction")
 
 _COUNTERS = ("senders", "local_senders", "sent_bits", "payload_bits",
              "compressed_elements", "lossless_elements")
+_CUMULATIVE = ("uncompressed_gradient_reductions", "lossless_fallbacks")
 _NESTED_COUNTERS = ("overloads", "nested_elements", "fallback_buckets",
                     "nested_buckets")
 
@@ -77,10 +89,12 @@ class Telemetry(tf.Module):
     super().__init__(name="telemetry")
     self._transport = transport
     self._nested = nested
+    self._device = device
     with tf.init_scope(), tf.device(device):
       self._counters = {
           key: tf.Variable(0, dtype=tf.int64, trainable=False, name=key)
-          for key in _COUNTERS + (_NESTED_COUNTERS if nested else ())}
+          for key in (_COUNTERS + _CUMULATIVE
+                      + (_NESTED_COUNTERS if nested else ()))}
       if nested:
         self._expected = tf.Variable(0.0, dtype=tf.float64, trainable=False,
                                      name="expected_overloads")
@@ -102,6 +116,20 @@ class Telemetry(tf.Module):
       raise ValueError(f"Unknown telemetry keys: {sorted(unknown)}.")
     return [self._counters[k].assign(tf.cast(v, tf.int64))
             for k, v in values.items()]
+
+  def count(self, **increments):
+    """Adds to the cumulative counters (`uncompressed_gradient_reductions`,
+    `lossless_fallbacks`) when the reduction runs; returns the ops."""
+    unknown = set(increments) - set(_CUMULATIVE)
+    if unknown:
+      raise ValueError(f"Unknown telemetry counters: {sorted(unknown)}.")
+    with tf.device(self._device):
+      return [self._counters[k].assign_add(tf.cast(v, tf.int64))
+              for k, v in increments.items()]
+
+  def counted(self, key):
+    """The current value of a cumulative counter (an int)."""
+    return int(self._counters[key].numpy())
 
   def record_nested(self, statistics):
     """Assigns the nested counters from the local nested senders' statistics.
@@ -136,7 +164,7 @@ class Telemetry(tf.Module):
     """
     value = {k: int(v.numpy()) for k, v in self._counters.items()}
     out = {"step": int(step), "transport": self._transport}
-    for key in _COUNTERS:
+    for key in _COUNTERS + _CUMULATIVE:
       out[key] = value[key]
     elements = value["compressed_elements"] + value["lossless_elements"]
     per_sender = elements * value["local_senders"]

@@ -32,6 +32,8 @@ __all__ = [
     "TESTED_KERAS",
     "TESTED_TENSORFLOW",
     "KerasSaveable",
+    "MirroredExtended",
+    "Strategy",
     "Mirrored",
     "PerReplica",
     "Trackable",
@@ -40,6 +42,7 @@ __all__ = [
     "get_devices_from",
     "in_xla_context",
     "is_jit_compiled",
+    "keras_optimizer_in_scope",
     "multi_worker",
     "multi_worker_available",
     "plain_variable",
@@ -83,7 +86,9 @@ def _missing(name, error):
 try:
   # pylint: disable=g-direct-tensorflow-import
   from tensorflow.python.distribute import cross_device_ops as _cross_device_ops_lib
+  from tensorflow.python.distribute import distribute_lib as _distribute_lib
   from tensorflow.python.distribute import distribute_utils as _distribute_utils
+  from tensorflow.python.distribute import mirrored_strategy as _mirrored_strategy
   from tensorflow.python.distribute import values as _value_lib
   from tensorflow.python.ops import control_flow_util as _control_flow_util
   from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
@@ -95,6 +100,12 @@ try:
   _regroup = _distribute_utils.regroup
   _in_xla = _control_flow_util.GraphOrParentsInXlaContext
   _ResourceVariable = _resource_variable_ops.ResourceVariable
+  Strategy = _distribute_lib.Strategy
+  MirroredExtended = _mirrored_strategy.MirroredExtended
+  for _owner, _attr in ((MirroredExtended, "_use_merge_call"),
+                        (MirroredExtended, "_call_for_each_replica")):
+    if not hasattr(_owner, _attr):
+      raise AttributeError(f"{_owner.__name__}.{_attr}")
 except (ImportError, AttributeError) as e:  # pragma: no cover
   raise _missing("modules of MirroredStrategy", e) from e
 
@@ -107,6 +118,31 @@ try:
   from keras.src.saving.keras_saveable import KerasSaveable  # pylint: disable=g-import-not-at-top
 except ImportError:  # pragma: no cover
   KerasSaveable = object
+
+try:
+  # Keras keeps the stack of its name scopes, with the object that entered
+  # each (`caller`), per thread; an optimizer enters one around `apply`.
+  from keras.src.backend.common import global_state as _keras_global_state  # pylint: disable=g-import-not-at-top
+except ImportError:  # pragma: no cover
+  _keras_global_state = None
+
+
+def keras_optimizer_in_scope():
+  """Whether this thread is inside a Keras optimizer's `apply`.
+
+  Returns:
+    True or False; None if this Keras version does not expose its
+    name-scope stack (then gradient aggregation cannot be recognised).
+  """
+  if _keras_global_state is None:
+    return None
+  try:
+    stack = _keras_global_state.get_global_attribute("name_scope_stack")
+  except Exception:  # pylint: disable=broad-except  # pragma: no cover
+    return None
+  return any(isinstance(getattr(entry, "caller", None),
+                        keras.optimizers.Optimizer)
+             for entry in stack or ())
 
 
 #: Base class of objects that `tf.train.Checkpoint` can track.
@@ -159,7 +195,6 @@ def _load_multi_worker():
   # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top
   from tensorflow.python.distribute import collective_all_reduce_strategy
   from tensorflow.python.distribute import cross_device_utils
-  from tensorflow.python.distribute import distribute_lib
   from tensorflow.python.distribute import values_util
   # pylint: enable=g-direct-tensorflow-import,g-import-not-at-top
   namespace = types.SimpleNamespace(
@@ -169,7 +204,6 @@ def _load_multi_worker():
       CollectiveAllReduceExtended=(
           collective_all_reduce_strategy.CollectiveAllReduceExtended),
       CollectiveReplicaLauncher=cross_device_utils.CollectiveReplicaLauncher,
-      Strategy=distribute_lib.Strategy,
       mark_as_unsaveable=values_util.mark_as_unsaveable,
   )
   # Used by name later; check now, so that a rename fails at once.

@@ -64,9 +64,11 @@ class CompressionStats(keras.callbacks.Callback):
   *before* those in the `callbacks` list (Keras passes one `logs` dict down
   the list in order; the progress bar and `History` always come last).
 
-  If a training batch ends without any compressed all-reduce having run,
-  a warning says so once: every gradient was below `min_elements`, or
-  TensorFlow bypassed the cross-device ops. Another warns once when more
+  If the gradients of a training batch were all-reduced without
+  compression (every gradient below `min_elements`), a warning says so
+  once and the batch logs 32 bits per element; a batch in which nothing
+  was all-reduced (a step the loss-scale optimizer skipped, one replica)
+  logs nothing and warns nothing. Another warning comes once when more
   than `OVERLOAD_WARNING` (1%) of the nested elements overloaded in a step
   of the fixed mode (the automatic mode adjusts its steps itself).
 
@@ -104,7 +106,8 @@ class CompressionStats(keras.callbacks.Callback):
     self._engine = (None if cross_device_ops is None
                     else _as_engine(cross_device_ops))
     self._prefix = prefix
-    self._start_step = None
+    self._start = None
+    self._before = None
     self._warned = False
     self._warned_overload = False
 
@@ -135,28 +138,38 @@ class CompressionStats(keras.callbacks.Callback):
             f"in the scope of ndq_tf.MirroredStrategy (or a strategy with "
             f"cross_device_ops=CompressedAllReduce(...)), or pass "
             f"`cross_device_ops`. Received: model strategy {strategy!r}.")
-    self._start_step = None
+    self._start = None
+
+  def _counters(self):
+    engine = self._engine
+    return (int(engine.step.numpy()),
+            engine.telemetry.counted("uncompressed_gradient_reductions"))
 
   def on_train_batch_begin(self, batch, logs=None):
     # Read here rather than in on_train_begin: BackupAndRestore may restore
     # the counter in its own on_train_begin, after ours.
-    if self._start_step is None:
-      self._start_step = int(self._engine.step.numpy())
+    self._before = self._counters()
+    if self._start is None:
+      self._start = self._before
 
-  def _add(self, logs):
-    if logs is None or self._start_step is None:
+  def _add(self, logs, since):
+    if logs is None or since is None:
       return
     engine = self._engine
-    if int(engine.step.numpy()) == self._start_step:
+    step, uncompressed = self._counters()
+    if step == since[0]:
+      if uncompressed == since[1]:
+        # Nothing was all-reduced (a step the loss-scale optimizer skipped,
+        # a single replica): nothing to report.
+        return
       if not self._warned:
         self._warned = True
         warnings.warn(
-            "CompressionStats: a training batch ended without a compressed "
-            "all-reduce: every gradient had fewer than min_elements="
-            f"{engine.options.min_elements} elements, or TensorFlow bypassed "
-            "the cross-device ops (XLA on all-GPU devices). Gradients were "
-            "reduced losslessly.", RuntimeWarning, stacklevel=2)
-      # Every gradient went as plain float32.
+            "CompressionStats: the gradients of a training batch were "
+            "all-reduced losslessly: every gradient had fewer than "
+            f"min_elements={engine.options.min_elements} elements, or was "
+            "built inside ndq_tf.distribute.uncompressed().",
+            RuntimeWarning, stacklevel=2)
       logs[self._prefix + "wire_bits_per_element"] = 32.0
       logs[self._prefix + "compression_ratio"] = 1.0
       return
@@ -180,7 +193,7 @@ class CompressionStats(keras.callbacks.Callback):
           f"replicas in the reference group.", RuntimeWarning, stacklevel=2)
 
   def on_train_batch_end(self, batch, logs=None):
-    self._add(logs)
+    self._add(logs, self._before)
 
   def on_epoch_end(self, epoch, logs=None):
-    self._add(logs)
+    self._add(logs, self._start)
