@@ -146,7 +146,7 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
     with tf.device(device), tf.name_scope("ndq_compressed_all_reduce"):
       local = [_local_sum(dense) for _, dense in compressed]
       transport = transports.AllGatherTransport(
-          lambda row: self._launcher._all_gather(row, options),  # pylint: disable=protected-access
+          lambda row: tf_internals.all_gather(self._launcher, row, options),
           self._num_workers, self._worker_id, device, who=_WHO)
       if isinstance(reduce_op, str):
         reduce_op = tf.distribute.ReduceOp(reduce_op.upper())
@@ -331,7 +331,7 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
   @property
   def compressed_all_reduce(self):
     """The `MultiWorkerCompressedAllReduce` in use."""
-    return self.extended._cross_device_ops  # pylint: disable=protected-access
+    return tf_internals.cross_device_ops_of(self)
 
   @property
   def compression_engine(self):

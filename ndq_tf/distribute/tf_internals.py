@@ -38,6 +38,7 @@ __all__ = [
     "PerReplica",
     "Trackable",
     "DistributedValues",
+    "all_gather",
     "cross_device_ops_of",
     "get_devices_from",
     "in_xla_context",
@@ -245,6 +246,11 @@ def multi_worker():
   if _MULTI_WORKER is None:
     raise _MULTI_WORKER_ERROR
   return _MULTI_WORKER
+
+
+def all_gather(launcher, value, options):
+  """`CollectiveReplicaLauncher`'s all-gather of `value` along axis 0."""
+  return launcher._all_gather(value, options)  # pylint: disable=protected-access
 
 
 def multi_worker_available():
