@@ -5,7 +5,11 @@ that are logical CPU devices (default 4), first with TensorFlow's own
 float32 all-reduce (its default for CPUs, a collective ring, and
 `ReductionToOneDevice`, the fallback of `CompressedAllReduce`), then through
 `ndq_tf.MirroredStrategy` with each codec, and prints the median step time,
-its ratio to float32, and the wire bits per gradient element.
+its ratio to float32, the wire bits per gradient element
+(`wire_bits_per_element` of `strategy.compression_stats()`) and the
+compressed exchanges counted (`step`). The optimizer's gradient all-reduce
+is compressed by default, one exchange per step (warm-up included); the
+script stops if a configuration did not compress every step.
 
 On logical CPU devices bandwidth is free (a copy is a memcpy), so the ratio
 measures the pure compute overhead of compression: encode on every sender,
@@ -147,21 +151,35 @@ def main(argv):
     steps.append(step)
     strategies.append(strategy)
   medians = time_round_robin(steps)
+  # Steps every configuration ran (warm-up and timed), as time_round_robin.
+  total_steps = _WARMUP.value + _STEPS_PER_ROUND * max(
+      1, _STEPS.value // _STEPS_PER_ROUND)
   rows = []
   for name, seconds, strategy in zip(names, medians, strategies):
-    bits = (32.0 if strategy is None else
-            strategy.compressed_all_reduce.wire_bits_per_element)
-    rows.append((name, seconds, bits))
+    if strategy is None:
+      rows.append((name, seconds, 32.0, None))
+      continue
+    # The optimizer's gradient all-reduce (inside `apply_gradients`) is
+    # compressed by default: one compressed exchange per step, or this row
+    # would have timed a lossless all-reduce.
+    stats = strategy.compression_stats()
+    if stats["step"] != total_steps:
+      raise RuntimeError(
+          f"{name}: {stats['step']} compressed exchanges in {total_steps} "
+          "steps; the gradient all-reduce was not compressed every step.")
+    rows.append((name, seconds, stats["wire_bits_per_element"],
+                 stats["step"]))
   reference = rows[0][1]
   print(f"\nMLP {widths} ({params} parameters), {len(devices)} logical CPU "
         f"replicas, global batch {_BATCH_SIZE.value}, median of "
         f"{len(rows) and _STEPS.value} steps each, interleaved in rounds of "
         f"{_STEPS_PER_ROUND}")
   print(f"{'all-reduce':42s} {'ms/step':>8s} {'x float32':>9s} "
-        f"{'x R1D':>6s} {'bits/elt':>8s}")
-  for name, seconds, bits in rows:
+        f"{'x R1D':>6s} {'bits/elt':>8s} {'exchanges':>9s}")
+  for name, seconds, bits, exchanges in rows:
     print(f"{name:42s} {1e3 * seconds:8.1f} {seconds / reference:9.2f} "
-          f"{seconds / rows[1][1]:6.2f} {bits:8.3f}")
+          f"{seconds / rows[1][1]:6.2f} {bits:8.3f} "
+          f"{'-' if exchanges is None else exchanges:>9}")
 
 
 if __name__ == "__main__":

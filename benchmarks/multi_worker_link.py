@@ -25,7 +25,12 @@ TCP/gRPC overhead included, mean over the workers), the bytes ratio (float32
 bytes / compressed bytes on the wire), the speed-up over float32, and the
 ideal speed-up given the bytes ratio: the float32 step measured first without
 a bandwidth limit (compute, which compression cannot shorten) plus the shaped
-float32 communication time divided by the ratio.
+float32 communication time divided by the ratio. The bytes of the
+compressed exchange per worker and step are `sent_bits` of
+`strategy.compression_stats()` / 8 (header, payload and the small tensors
+sent losslessly beside it: 40 B of biases here); the optimizer's gradient
+all-reduce is compressed by default, and a worker stops with an error if its
+step counter (`step`) did not advance once per step.
 
 Needs root (network namespaces); everything it creates is removed at the end
 (also on errors, Ctrl-C and SIGTERM), and every launch is bounded by
@@ -83,12 +88,12 @@ def run_worker(args):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.config.threading.set_intra_op_parallelism_threads(args.threads)
   tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-  if args.method == "float32":
+  compressed = args.method != "float32"
+  if not compressed:
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
             implementation=tf.distribute.experimental.CommunicationImplementation.RING,
             timeout_seconds=args.timeout))
-    ops = None
   else:
     import ndq_tf  # pylint: disable=g-import-not-at-top
     from ndq_tf.distribute import multi_worker  # pylint: disable=g-import-not-at-top
@@ -103,7 +108,6 @@ def run_worker(args):
         codec=codec, min_elements=256, cluster_timeout=args.timeout,
         communication_options=tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=args.timeout), **kwargs)
-    ops = strategy.compressed_all_reduce
   import keras  # pylint: disable=g-import-not-at-top
   keras.utils.set_random_seed(0)
   per_replica = args.batch_size // strategy.num_replicas_in_sync
@@ -152,8 +156,19 @@ def run_worker(args):
       "tx_bytes_per_step": tx / args.steps,
       "float32_bytes": 4 * params,
   }
-  if ops is not None:
-    result["payload_bytes"] = int(ops.sent_bits.numpy()) // 8
+  if compressed:
+    # This worker's last exchange (ndq_tf.distribute.telemetry): its framed
+    # payload and the small tensors it sent losslessly beside it. The
+    # optimizer's gradient all-reduce is compressed by default, one
+    # exchange per step: fewer would mean a timed lossless all-reduce.
+    stats = strategy.compression_stats()
+    if stats["step"] != args.warmup + args.steps:
+      raise RuntimeError(
+          f"{stats['step']} compressed exchanges in "
+          f"{args.warmup + args.steps} steps: the gradient all-reduce was "
+          "not compressed every step.")
+    result["compressed_exchanges"] = stats["step"]
+    result["payload_bytes"] = stats["sent_bits"] // 8
   print("RESULT " + json.dumps(result), flush=True)
   return 0
 
@@ -343,8 +358,11 @@ def run_driver(args):
         rows[method] = dict(step=step, tx=tx, params=results[0]["params"],
                             payload=results[0].get("payload_bytes"),
                             float32_bytes=results[0]["float32_bytes"])
+        exchanges = results[0].get("compressed_exchanges")
         print(f"{rate:>8} {method:>8}: median step {step * 1000:8.1f} ms, "
-              f"tx {tx / 1e6:8.3f} MB/step/worker", flush=True)
+              f"tx {tx / 1e6:8.3f} MB/step/worker"
+              + ("" if exchanges is None else
+                 f", {exchanges} compressed exchanges"), flush=True)
       base = rows.get("float32")
       for method, row in rows.items():
         row.update(rate=rate, method=method)
@@ -380,8 +398,9 @@ def run_driver(args):
       "%s=%d B" % (r["method"], r["payload"]) for r in table
       if r["payload"] and r["rate"] == table[0]["rate"])
   print(f"\nmodel: {params} parameters ({4 * params / 1e6:.1f} MB of float32 "
-        f"gradient), {args.num_workers} workers; compressed payload per "
-        f"worker and step: {payloads}")
+        f"gradient), {args.num_workers} workers; compressed exchange per "
+        f"worker and step (framed payload and the small tensors sent "
+        f"losslessly: sent_bits / 8): {payloads}")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(table, f, indent=1)

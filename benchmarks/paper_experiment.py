@@ -29,8 +29,15 @@ docs/results_accuracy_vs_bits.png; this script only trains.
 Recorded per run: test accuracy after every epoch (full test set) and every
 --eval_every steps (the first --eval_examples test images), final test
 accuracy, wire bits per gradient element and wire bytes relative to float32
-as measured by CompressedAllReduce from the payloads of every step, training
-wall time (evaluation excluded) and median step time.
+from the telemetry of every step's gradient exchange
+(`strategy.compression_stats()`: `sent_bits`, `payload_bits`,
+`compressed_elements`, `lossless_elements`), each sender's payload bits
+(`sender_bits_last_step`: the fusion plan's `wire_words` for the sender's
+codec, checked against `payload_bits`), with nested codecs the means over
+the steps of `overload_probability`, `fallback_fraction` and
+`overload_rate` (this one over the steps that sent some element nested),
+training wall time (evaluation excluded) and median step time. The script
+stops if a step's gradient aggregation was not compressed.
 
 Nothing is downloaded: the data set files are linked into a private
 KERAS_HOME (see benchmarks/datasets.py) before Keras is imported.
@@ -180,8 +187,30 @@ def _make_recorder(keras, model, strategy, x_eval, y_eval, x_test, y_test,
                    eval_every):
   """A callback recording accuracy, telemetry and step times."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from ndq_tf.distribute import fusion  # pylint: disable=g-import-not-at-top
 
-  ops = strategy.compressed_all_reduce
+  options = strategy.compressed_all_reduce.options
+
+  def sender_bits(stats):
+    """Payload bits of every sender, in sender order (reference group first).
+
+    From the fusion plan of the gradients that were compressed (floating, at
+    least `min_elements` elements: the trainable variables' shapes) and each
+    sender's codec; checked against the telemetry of the same exchange.
+    """
+    codecs = options.sender_codecs(stats["senders"])
+    compressed = [v for v in model.trainable_variables
+                  if tf.as_dtype(v.dtype).is_floating
+                  and int(np.prod(v.shape)) >= options.min_elements]
+    plan = fusion.FusionPlan.from_tensors(compressed, codecs[0].bucket_size)
+    bits = [32 * plan.wire_words(c) for c in codecs]
+    if (plan.num_elements != stats["compressed_elements"]
+        or sum(bits) != stats["payload_bits"]):
+      raise RuntimeError(
+          f"Per-sender payloads {bits} of {plan.num_elements} elements do "
+          f"not match the telemetry: payload_bits={stats['payload_bits']}, "
+          f"compressed_elements={stats['compressed_elements']}.")
+    return bits
 
   @tf.function
   def predict(x):
@@ -225,21 +254,35 @@ def _make_recorder(keras, model, strategy, x_eval, y_eval, x_test, y_test,
       now = time.perf_counter()
       self.step_seconds.append(now - self._t)
       self.step += 1
-      s = ops.stats()
-      for key in ("wire_bits", "float32_bits", "compressed_bits"):
-        self.sums[key] += s[key]
-      self.sums["element_sends"] += s["elements"] * s["senders"]
+      # The telemetry of this step's gradient exchange (one per step:
+      # ndq_tf.distribute.telemetry): bits sent by all replicas (payloads
+      # and the small tensors sent losslessly, once per replica).
+      s = strategy.compression_stats()
+      if s["step"] != self.step:
+        raise RuntimeError(
+            f"{s['step']} compressed exchanges after {self.step} steps: the "
+            "gradient aggregation was not compressed every step.")
+      element_sends = ((s["compressed_elements"] + s["lossless_elements"])
+                       * s["local_senders"])
+      self.sums["wire_bits"] += s["sent_bits"]
+      self.sums["float32_bits"] += 32 * element_sends
+      self.sums["compressed_bits"] += s["payload_bits"]
+      self.sums["element_sends"] += element_sends
       self.sums["compressed_element_sends"] += (
-          s["compressed_elements"] * s["senders"])
+          s["compressed_elements"] * s["local_senders"])
       self.sums["steps"] += 1
       if "overload_probability" in s:  # nested codecs
-        for key in ("overload_probability", "fallback_fraction",
-                    "overload_rate"):
+        for key in ("overload_probability", "fallback_fraction"):
           if math.isfinite(s[key]):
             self.sums[key] += s[key]
             self.sums[key + "_n"] += 1
-      if "sender_bits" in s:
-        self.sender_bits = s["sender_bits"]
+        # overload_rate is 0 when no element was sent nested: such steps
+        # (every bucket fell back to DQSG) do not enter its mean.
+        if s["nested_elements"] and math.isfinite(s["overload_rate"]):
+          self.sums["overload_rate"] += s["overload_rate"]
+          self.sums["overload_rate_n"] += 1
+      if self.sender_bits is None:  # static: shapes and codecs
+        self.sender_bits = sender_bits(s)
       if eval_every and self.step % eval_every == 0:
         self.step_curve.append((self.step, self._eval(x_eval, y_eval)))
         now = time.perf_counter()
