@@ -323,10 +323,10 @@ def _nested_paragraph(rs):
     text += "The automatic mode (`adaptive=True`). "
   if overload and counted:
     text += (f"Gaussian overload probability of the nested elements at "
-             f"the measured noise (`last_overload_probability`, mean over "
-             f"the steps): {statistics.mean(overload):.2%}; counted by the "
-             f"senders (`last_overload_rate`): "
-             f"{statistics.mean(counted):.2%}")
+             f"the measured noise (`overload_probability` of "
+             f"`compression_stats()`, mean over the steps): "
+             f"{statistics.mean(overload):.2%}; counted by the senders "
+             f"(`overload_rate`): {statistics.mean(counted):.2%}")
   elif overload:
     text += (f"Overload probability of the nested elements estimated by "
              f"the receivers from the decoded residuals (the estimator of "
@@ -335,7 +335,7 @@ def _nested_paragraph(rs):
              f"coarse cell and looks small), mean over the steps: "
              f"{statistics.mean(overload):.2%}")
   if fallback:
-    text += (f"; buckets sent as DQSG instead (`last_fallback_fraction`): "
+    text += (f"; buckets sent as DQSG instead (`fallback_fraction`): "
              f"{statistics.mean(fallback):.0%}")
   if overload:
     text += "."
