@@ -22,6 +22,15 @@ thread, overwritten by the next `all_reduce` of that thread, and dropped
 when `strategy.run` returns, so a reduction made outside `strategy.run` is
 never taken for one.
 
+Limits, by construction: gradients aggregated outside a Keras 3
+optimizer's `apply` (by hand, or by other optimizers) are not recognised:
+build them inside `compressed()`. Extra all-reduces a custom Keras optimizer
+makes inside its own `apply` are taken for gradients. A note is consumed by
+the next reduction of the main thread, so a `merge_call` written by hand
+right after a variable write made inside an optimizer's name scope would
+be compressed; no path of Keras or TF does that. The labels are fixed when
+a `tf.function` is traced, as for the scopes.
+
 When this Keras hides its name-scope stack
 (`tf_internals.keras_optimizer_in_scope` returns None), no reduction is
 recognised: gradients stay lossless unless built in
