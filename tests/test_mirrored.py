@@ -2,7 +2,9 @@
 
 Real TensorFlow on 4 logical CPU devices (split by tests/conftest.py). The
 training tests (model.fit, accuracy, resume, loss scaling) are in
-test_mirrored_training.py.
+test_mirrored_training.py. Only gradient aggregation is compressed by
+default (test_gradient_only.py); the all-reduces these tests make themselves
+are built inside `compressed()`.
 """
 
 import copy
@@ -18,6 +20,7 @@ import ndq_tf.keras
 from ndq_tf.distribute import fusion
 from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
 from ndq_tf.distribute.mirrored import MirroredStrategy
+from ndq_tf.distribute.scope import compressed
 from ndq_tf.distribute.scope import uncompressed
 
 NUM_REPLICAS = 4
@@ -213,7 +216,8 @@ class TestCompressedAllReduce:
       def fn():
         ctx = tf.distribute.get_replica_context()
         r = tf.cast(ctx.replica_id_in_sync_group, tf.float32)
-        return ctx.all_reduce("sum", base * (1.0 + r))
+        with compressed():
+          return ctx.all_reduce("sum", base * (1.0 + r))
       return strategy.run(fn)
 
     first = _local(strategy, step())
@@ -245,8 +249,15 @@ class TestCompressedAllReduce:
                               min_elements=16)
     strategy = tf.distribute.MirroredStrategy(_devices(),
                                               cross_device_ops=ops)
-    value = _replica_values(strategy, lambda r: tf.fill([64], 1.0))
-    out = strategy.extended.batch_reduce_to("mean", [(value, value)])[0]
+    value = _replica_values(
+        strategy, lambda r: tf.fill([64], tf.cast(r + 1, tf.float32)))
+    # It cannot tell gradients apart: only compressed() scopes compress.
+    exact = strategy.extended.batch_reduce_to("mean", [(value, value)])[0]
+    for e in _local(strategy, exact):
+      np.testing.assert_array_equal(e.numpy(), np.full([64], 2.5))
+    assert int(ops.step.numpy()) == 0
+    with compressed():
+      out = strategy.extended.batch_reduce_to("mean", [(value, value)])[0]
     _assert_bitwise_equal(_local(strategy, out))
     assert int(ops.step.numpy()) == 1
     assert ndq_tf.keras.callbacks.find_engine(strategy) is ops.engine
@@ -262,9 +273,10 @@ class TestCompressedAllReduce:
       def fn():
         ctx = tf.distribute.get_replica_context()
         x_r = x * tf.cast(ctx.replica_id_in_sync_group + 1, tf.float32)
-        with uncompressed():
-          exact = ctx.all_reduce("sum", x_r)
-        approx = ctx.all_reduce("sum", x_r)
+        with compressed():
+          with uncompressed():  # the innermost scope wins
+            exact = ctx.all_reduce("sum", x_r)
+          approx = ctx.all_reduce("sum", x_r)
         return exact, approx
       return strategy.run(fn)
 
@@ -302,8 +314,9 @@ class TestCompressedAllReduce:
           _replica_values(strategy, lambda r: tf.cast(r, tf.int64) * 2**33),
           _replica_values(strategy, slices),
       ]
-      reduced = strategy.extended.batch_reduce_to(
-          "sum", [(v, v) for v in values])
+      with compressed():
+        reduced = strategy.extended.batch_reduce_to(
+            "sum", [(v, v) for v in values])
       # What the optimizer's int64 step goes through: our broadcast hook.
       broadcast = ops.broadcast(counter, values[2])
       return reduced, broadcast
@@ -353,7 +366,8 @@ class TestCompressedAllReduce:
     @tf.function
     def step():
       v = _replica_values(strategy, slices)
-      return strategy.extended.batch_reduce_to("sum", [(v, v)])[0]
+      with compressed():
+        return strategy.extended.batch_reduce_to("sum", [(v, v)])[0]
 
     results = _local(strategy, step())
     _assert_bitwise_equal(results)
@@ -363,6 +377,7 @@ class TestCompressedAllReduce:
   def test_nan_on_one_replica_reaches_every_replica(self):
     strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=M),
                                 devices=_devices(), min_elements=16)
+    ops = strategy.compressed_all_reduce
     x = tf.ones([2048])
 
     @tf.function
@@ -372,10 +387,13 @@ class TestCompressedAllReduce:
         bad = tf.equal(ctx.replica_id_in_sync_group, 1)
         g = tf.tensor_scatter_nd_update(
             x, [[700]], tf.where(bad, math.nan, 1.0)[None])
-        return ctx.all_reduce("sum", g)
+        with compressed():
+          return ctx.all_reduce("sum", g)
       return strategy.run(fn)
 
-    for r in _local(strategy, step()):
+    results = _local(strategy, step())
+    assert int(ops.step.numpy()) == 1  # it went through the codec
+    for r in results:
       values = r.numpy()
       assert np.isnan(values[700])            # the poisoned bucket
       assert np.isfinite(values[:512]).all()  # other buckets intact
@@ -389,7 +407,8 @@ class TestCompressedAllReduce:
     def fn():
       ctx = tf.distribute.get_replica_context()
       r = tf.cast(ctx.replica_id_in_sync_group, tf.float32)
-      return ctx.all_reduce("sum", x * (1.0 + r))
+      with compressed():
+        return ctx.all_reduce("sum", x * (1.0 + r))
 
     with pytest.raises(ValueError, match="cannot compress under XLA"):
       strategy.run(tf.function(fn, jit_compile=True))
