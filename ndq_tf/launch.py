@@ -4,7 +4,7 @@ Usage:
 
 ```sh
 python -m ndq_tf.launch --num_workers 2 --timeout 600 -- \
-    python examples/multi_worker.py --steps 50
+    python examples/multi_worker.py --epochs 2
 ```
 
 Every worker gets a `TF_CONFIG` naming all workers on free ports of
