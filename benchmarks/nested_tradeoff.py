@@ -15,7 +15,7 @@ information (`--side_information`):
 
 Every codec encodes the same `g_p` with the same seed; the error is against
 `g_p`. Reported per codec: wire bits per element (codes, scales, all of it),
-NMSE = ‖ĝ - g_p‖² / ‖g_p‖², the formula's NMSE (ALGORITHMS.md; for nested
+NMSE = ‖ĝ - g_p‖² / ‖g_p‖², the formula's NMSE (docs/algorithms.md; for nested
 codes without overload), and for nested codes the overload rate measured
 against ground truth (elements whose error is off by a nonzero multiple of
 `α·κ·Δ2`: with `z = g_p - y` known, `m = round((err - (α²-1)z)/(αΔ2))` is

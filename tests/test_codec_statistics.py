@@ -1,4 +1,4 @@
-"""Statistics of the codecs against the formulas of ALGORITHMS.md / theory.
+"""Statistics of the codecs against the formulas of docs/algorithms.md / theory.
 
 Every tolerance is derived, not tuned: for a mean of n i.i.d. terms it is six
 standard errors computed from the distribution the theory predicts (a false

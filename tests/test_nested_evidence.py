@@ -8,7 +8,7 @@ span two and a half decades, each Gaussian or heavy-tailed (Student t, 5
 degrees of freedom), so the buckets' max-norms `κ_b` vary by 10x within a
 layer and by 1000x across layers. The noise is Gaussian with one `σ` per
 layer, set from the layer's smallest `κ_b` so that `max_b σ_b/κ_b` is the
-stated ratio: the theory of ALGORITHMS.md section 3 then applies bucket by
+stated ratio: the theory of docs/algorithms.md ("Nested dithered quantization") then applies bucket by
 bucket, in units of that bucket's `κ_b`.
 
 Overload is measured against ground truth: with `z = g_p - y` known to the

@@ -21,7 +21,7 @@ def _eps(dtype):
 
 
 class Fig3ExampleTest(tf.test.TestCase, parameterized.TestCase):
-  """The worked example of the paper's Fig. 3 (ALGORITHMS.md, section 3)."""
+  """The worked example of the paper's Fig. 3 (docs/algorithms.md, "Nested encoder and decoder")."""
 
   def test_nested_quantize_fig3(self):
     code = ops.nested_quantize(-4.2, 0.3, 1.0, 3, 1.0)
@@ -155,7 +155,7 @@ class NestedOpsTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.product(k=[2, 3, 4, 7], alpha=[1.0, 0.75])
   def test_nested_error_without_overload_matches_the_algebra(self, k, alpha):
     # x̂ = y + α(α z + e'), e' = Δ1 c - (αx + u) the fine rounding error, as
-    # long as |α z + e'| < Δ2/2 (ALGORITHMS.md, section 3).
+    # long as |α z + e'| < Δ2/2 (docs/algorithms.md, "Nested encoder and decoder").
     rng = np.random.default_rng(10 + k)
     fine = 0.25
     n = 4000
