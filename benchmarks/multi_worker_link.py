@@ -2,8 +2,9 @@ r"""Step time of N workers on shaped links: float32 ring vs DQSG vs NDQSG.
 
 `--num_workers` worker processes (default 2) run in network namespaces of
 their own, each joined to a bridge (in a namespace too) by a veth pair whose
-both ends are limited with `tbf` (the kernel's token-bucket filter; see
-the `_Bridge` class below for the commands), at each `--rates` (default 100 Mbit/s and 1 Gbit/s). Worker i
+both ends are limited with `tbf` (the kernel's token-bucket filter; the
+`Network` class below has the commands), at each `--rates` (default 100
+Mbit/s and 1 Gbit/s). Worker i
 has the address 10.77.0.(i+1); `ndq_tf.launch` starts the workers
 (`--hosts 10.77.0.1,... --port ... --worker_prefix "ip netns exec ..."`). For
 each rate and method the same custom training loop (`strategy.run` +
