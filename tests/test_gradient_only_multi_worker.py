@@ -248,3 +248,40 @@ def test_custom_loop_apply_gradients_compressed_user_all_reduce_exact(jobs):
     # The user's all-reduce of the same step: the exact sum of the losses.
     np.testing.assert_array_equal(
         _f32(r["total"]), np.full([worker.REDUCE_SIZE], losses[0] + losses[1]))
+
+
+# -- 5. LossScaleOptimizer under model.fit ----------------------------------
+
+
+@pytest.mark.parametrize("optimizer", ["keras", "ndq_tf"])
+def test_loss_scale_optimizer_fit_compresses_each_step_once(jobs, optimizer):
+  """Keras' and ndq_tf's `LossScaleOptimizer` under `model.fit`, 3 steps each.
+
+  The gradients the wrapped optimizer aggregates in its `apply` are
+  compressed, once per step (ndq_tf's overflow flag travels losslessly);
+  every worker applied the same decoded sum, so the weights agree bitwise.
+  """
+  results = [r[optimizer] for r in _check(jobs, "ndq1", "loss_scale")]
+  steps = worker.LOSS_SCALE_STEPS
+  for r in results:
+    assert r["optimizer"].endswith(".LossScaleOptimizer")
+    assert r["optimizer"].startswith(optimizer + "."), r["optimizer"]
+    assert r["steps"] == steps  # One compressed exchange per step.
+    assert r["iterations"] == steps  # No step skipped.
+    assert r["loss_scale"] == 2.0 ** 15  # Never lowered (nor grown).
+    assert np.all(np.isfinite(r["loss"])), r["loss"]
+    stats = r["stats"]
+    assert stats["step"] == r["step"]  # The last exchange was the last step.
+    assert stats["senders"] == NUM_WORKERS and stats["local_senders"] == 1
+    # The Dense(256) kernel and bias and the Dense(10) kernel; the Dense(10)
+    # bias travels losslessly beside them.
+    assert (stats["compressed_elements"] == r["compressible"] ==
+            64 * 256 + 256 + 256 * 10)
+    assert stats["lossless_elements"] == 10
+    # Since the strategy was built: no gradient aggregation went uncompressed
+    # (ndq_tf's overflow flag, in uncompressed(), is not one), no fallback.
+    assert stats["uncompressed_gradient_reductions"] == 0
+    assert stats["lossless_fallbacks"] == 0
+    assert r["hash"] != r["initial_hash"]  # Trained.
+  assert results[0]["initial_hash"] == results[1]["initial_hash"]
+  assert results[0]["hash"] == results[1]["hash"]

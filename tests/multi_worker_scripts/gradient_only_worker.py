@@ -17,7 +17,8 @@ expected type 1 ... but got type 0").
 * `ndq1`: `ndq_tf.MultiWorkerMirroredStrategy` with
   `DitheredCodec(num_levels=1)`: `batch_norm` (one `model.fit` step: the
   strategy's first compressed exchange), `metrics`, `strategy_reduce`,
-  `scopes`, `custom_loop`.
+  `scopes`, `custom_loop`, `loss_scale` (two new models in the same
+  strategy's scope, not a second strategy).
 * `ndq3`: the same with `DitheredCodec(num_levels=3)`: `batch_norm`.
 * `tf`: TensorFlow's own `tf.distribute.MultiWorkerMirroredStrategy`, the
   control: `batch_norm`, `metrics`, `strategy_reduce`. Keras 3.15's
@@ -38,6 +39,7 @@ own half of every global batch (`distribute_datasets_from_function`, by
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -50,6 +52,7 @@ GLOBAL_BATCH = 128
 OFFSET = 5.0  # Added to the digits: per-channel means large against spread.
 EVAL_BATCH = 64  # Global batch of the evaluations.
 REDUCE_SIZE = 4096
+LOSS_SCALE_STEPS = 3  # model.fit steps of each optimizer in `loss_scale`.
 SMALL_SIZE = 10
 # tf.random.stateless_normal seeds of the user all-reduces' values.
 BIG_SEED, SMALL_SEED, REDUCE_SEED = (1, 2), (1, 3), 3
@@ -309,6 +312,62 @@ def check_custom_loop(strategy):
                               if v.shape.num_elements() >= 256)}
 
 
+def _weights_hash(strategy, model):
+  """SHA-256 of this worker's values of the model's weights, in order."""
+  digest = hashlib.sha256()
+  for v in model.weights:
+    digest.update(np.ascontiguousarray(_local(strategy, v)).tobytes())
+  return digest.hexdigest()
+
+
+def check_loss_scale(strategy):
+  """`model.fit` of an MLP with Keras' and ndq_tf's `LossScaleOptimizer`.
+
+  For each (in that order) a new Dense(256) -> Dense(10) model from the same
+  seed, in the job's strategy's scope (a second strategy in this process
+  would reuse its collective keys), `LOSS_SCALE_STEPS` steps of a global
+  batch of 128 (float32: the loss scale only scales and unscales).
+  """
+  import keras  # pylint: disable=g-import-not-at-top
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+  x, _, y, _ = digits()
+  n = LOSS_SCALE_STEPS * GLOBAL_BATCH
+  x, y = x[:n], y[:n]
+  out = {}
+  for name, make in (("keras", keras.optimizers.LossScaleOptimizer),
+                     ("ndq_tf", ndq_tf.keras.LossScaleOptimizer)):
+    keras.utils.set_random_seed(2)
+    with strategy.scope():
+      model = keras.Sequential([keras.Input((64,)),
+                                keras.layers.Dense(256, activation="relu"),
+                                keras.layers.Dense(10)])
+      model.compile(make(keras.optimizers.SGD(0.1)),
+                    keras.losses.SparseCategoricalCrossentropy(
+                        from_logits=True))
+    initial = _weights_hash(strategy, model)
+    before = _step(strategy)
+    history = model.fit(_halves(strategy, x, y, GLOBAL_BATCH), epochs=1,
+                        verbose=0).history
+    optimizer = model.optimizer
+    kind = type(optimizer)
+    out[name] = {
+        "optimizer": f"{kind.__module__}.{kind.__name__}",
+        "steps": _step(strategy) - before,
+        "step": _step(strategy),
+        # Steps applied (not skipped for a non-finite gradient).
+        "iterations": int(_local(strategy, optimizer.iterations)),
+        "loss_scale": float(_local(strategy, optimizer.dynamic_scale)),
+        "loss": history["loss"],
+        "stats": _stats(strategy),
+        "compressible": sum(v.shape.num_elements()
+                            for v in model.trainable_variables
+                            if v.shape.num_elements() >= 256),
+        "initial_hash": initial,
+        "hash": _weights_hash(strategy, model),
+    }
+  return out
+
+
 def _checks(name):
   """The checks of strategy `name`, in order: {check: fn(strategy)}."""
   if name == "tf":
@@ -319,7 +378,8 @@ def _checks(name):
   if name == "ndq1":
     checks.update(metrics=lambda s: check_metrics(s, evaluate=True),
                   strategy_reduce=check_strategy_reduce,
-                  scopes=check_scopes, custom_loop=check_custom_loop)
+                  scopes=check_scopes, custom_loop=check_custom_loop,
+                  loss_scale=check_loss_scale)
   return checks
 
 
