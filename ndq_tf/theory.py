@@ -3,17 +3,21 @@
 All quantities are per element and, unless said otherwise, in max-normalized
 units (a bucket's values divided by its max-norm `κ`); multiply by `κ²` for
 the variance of the gradient itself. Plain Python (`math`), usable in tests,
-benchmarks and to pick parameters.
+benchmarks and to pick parameters; the exchange cost model
+(`exchange_bits`) also reads the lane layout of `ndq_tf.ops.lane_ops`.
 
 References:
   A. Abdi, F. Fekri. Nested Dithered Quantization for Communication
   Reduction in Distributed Training. arXiv:1904.01197, 2019.
   docs/algorithms.md of this project writes the equations out (sections
   #dqsg-subtractive-dither, #half-dithered-quantization and
-  #nested-dithered-quantization-ndqsg).
+  #nested-dithered-quantization-ndqsg); docs/scaling.md tabulates the
+  exchange cost model.
 """
 
 import math
+
+from ndq_tf.ops import lane_ops
 
 __all__ = [
     "uniform_error_variance",
@@ -32,6 +36,14 @@ __all__ = [
     "auto_nested_mse_factor",
     "auto_nested_fine_step",
     "auto_nested_step_ratio",
+    "shared_scale_variance",
+    "TRANSPORTS",
+    "ALL_GATHER_HEADER_WORDS",
+    "ring_all_reduce_bits",
+    "ring_all_gather_bits",
+    "codes_add_up",
+    "exchange_bits",
+    "auto_transport",
 ]
 
 
@@ -248,3 +260,264 @@ def auto_nested_alpha(coarse_ratio, overload_target):
       f2 = f(x2)
   best = 0.5 * (low + high)
   return 1.0 if f(1.0) <= f(best) else best
+
+
+# -- Shared scales and the exchange cost model -------------------------------
+
+
+def shared_scale_variance(num_levels, num_workers, kappa_max=1.0):
+  """Error variance per element of the sum of `P` DQSG decodes, shared scale.
+
+  When the `P` workers quantize bucket `b` with one shared scale, the
+  largest of their own max-norms, `κ_max = max_p κ_p` (agreed on by a MAX
+  all-reduce), each worker's DQSG error is uniform on `κ_max·Δ·[-1/2, 1/2]`
+  with `Δ = 1/M` (`M = num_levels`, the step of `DitheredCodec` in
+  max-normalized units, `κ_max·Δ` in the gradient's units), instead of
+  `κ_p·Δ·[-1/2, 1/2]`: its variance is `κ_max²Δ²/12`. The workers' dithers
+  are independent, so the errors of their decodes are too, and the sum of
+  the `P` decodes (which is what decoding the integer sum of their codes
+  gives, `ndq_tf.ops.dithered_sum_dequantize`) has the error variance
+
+  `P·κ_max²·Δ²/12 = P·κ_max²/(12·M²)` per element.
+
+  Sharing the scale costs a worker `(κ_max/κ_p)²` times its own variance.
+
+  Args:
+    num_levels: `M >= 1`.
+    num_workers: `P >= 1`, the workers summed.
+    kappa_max: the shared scale `κ_max` of the bucket (1 gives the variance
+      in units of `κ_max²`).
+
+  Returns:
+    The variance, a float.
+  """
+  if num_workers < 1:
+    raise ValueError(
+        f"`num_workers` must be at least 1. Received: "
+        f"num_workers={num_workers!r}.")
+  return num_workers * kappa_max * kappa_max * dithered_variance(num_levels)
+
+
+#: The transports of the cost model (`exchange_bits`).
+TRANSPORTS = ("all_gather", "all_reduce", "float32_ring", "float16_ring")
+
+#: Words of the header of every row of the collective all-gather (magic,
+#: sender, step, payload words), as
+#: `ndq_tf.distribute.transports.all_gather.HEADER_WORDS` sends them.
+ALL_GATHER_HEADER_WORDS = 4
+
+# Codecs of ndq_tf.codecs whose codes add up, by their exact class (theory
+# cannot import the codecs, which import it; a subclass may decode
+# otherwise, so it is not taken on trust). "codes": integer codes, summed in
+# lanes (`lane_ops`) plus a MAX all-reduce of the scales; "float16" and
+# "float32": the values themselves, through TF's own ring of that dtype.
+_SUMMABLE = {
+    ("ndq_tf.codecs.dithered", "DitheredCodec"): "codes",
+    ("ndq_tf.codecs.dithered", "HalfDitheredCodec"): "codes",
+    ("ndq_tf.codecs.baselines", "TernGradCodec"): "codes",
+    ("ndq_tf.codecs.baselines", "QSGDCodec"): "codes",
+    ("ndq_tf.codecs.baselines", "Float16Codec"): "float16",
+    ("ndq_tf.codecs.baselines", "Float32Codec"): "float32",
+}
+
+
+def _summable_kind(codec):
+  return _SUMMABLE.get((type(codec).__module__, type(codec).__name__))
+
+
+def ring_all_reduce_bits(buffer_bits, num_workers):
+  """`2(P - 1)/P·B`: bits each worker sends in a ring all-reduce of `B` bits.
+
+  A ring all-reduce is a reduce-scatter then an all-gather, each `P - 1`
+  steps in which every worker sends one `1/P` chunk of the buffer to its
+  neighbour (TF's `CollectiveReduceV2` ring on CPUs, NCCL's ring on GPUs).
+  Every worker receives as many bits as it sends. Chunks are counted as
+  exact fractions of the buffer.
+  """
+  if num_workers < 1:
+    raise ValueError(
+        f"`num_workers` must be at least 1. Received: "
+        f"num_workers={num_workers!r}.")
+  return 2.0 * (num_workers - 1) / num_workers * buffer_bits
+
+
+def ring_all_gather_bits(row_bits, num_workers):
+  """`(P - 1)·R`: bits each worker sends in a ring all-gather of `R`-bit rows.
+
+  In `P - 1` steps every worker sends its neighbour one row: its own first,
+  then the rows it received (TF's `CollectiveGatherV2` ring); it receives
+  the `P - 1` rows of the others.
+  """
+  if num_workers < 1:
+    raise ValueError(
+        f"`num_workers` must be at least 1. Received: "
+        f"num_workers={num_workers!r}.")
+  return float((num_workers - 1) * row_bits)
+
+
+def codes_add_up(codec):
+  """Whether the sum of several workers' codes decodes to the sum of decodes.
+
+  True for the codecs an integer all-reduce can sum, given one shared scale
+  per bucket (the max over workers of their scales):
+
+  * `DitheredCodec`: subtract the sum of every sender's dither
+    (`ndq_tf.ops.dithered_sum_dequantize`);
+  * `HalfDitheredCodec` and `TernGradCodec`: nothing to subtract
+    (`ndq_tf.ops.scaled_sum_dequantize`);
+  * `QSGDCodec`: likewise; its scale is an L2 norm per bucket, and the
+    shared one is the largest of the workers' norms (then
+    `s·|g_i|/κ <= s` still holds, so the codes stay in `{-s..s}`);
+  * `Float16Codec` and `Float32Codec`: the values, through TF's own float
+    ring of that dtype.
+
+  False for nested codecs (`needs_side_information`: each code is a residue
+  that only its own side information decodes, and residues do not add up)
+  and for any other codec, subclasses included.
+  """
+  if getattr(codec, "needs_side_information", False):
+    return False
+  return _summable_kind(codec) is not None
+
+
+def _check_count(name, value, low):
+  if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    raise ValueError(
+        f"`{name}` must be an integer >= {low}. Received: {name}={value!r}.")
+
+
+def _sender_codecs(codec, num_workers):
+  if isinstance(codec, (list, tuple)):
+    if len(codec) != num_workers:
+      raise ValueError(
+          f"`codec` must be one codec or one per worker ({num_workers}). "
+          f"Received: {len(codec)} codecs.")
+    return list(codec)
+  return [codec] * num_workers
+
+
+def exchange_bits(codec, num_elements, num_workers, transport):
+  """Bits each worker sends per step to sum `num_elements` values: the model.
+
+  What is counted: the bits of collective payload one worker sends on its
+  link in one exchange of a buffer of `n = num_elements` values among
+  `P = num_workers` workers (one sender each). All the transports here are
+  rings, so a worker receives as many bits as it sends. Not counted:
+  latency, the protocol's own framing (gRPC, TCP, NCCL) and lossless
+  reductions outside the buffer. These are the model's numbers, not
+  measurements (docs/scaling.md).
+
+  * `"all_gather"` (today's multi-worker transport): every worker sends
+    its payload, `codec.wire_bits(n)`, framed by `ALL_GATHER_HEADER_WORDS`
+    words and padded to the longest payload of the exchange, through a ring
+    all-gather: `(P - 1)·32·(4 + max_p wire_words_p)`
+    (`ring_all_gather_bits`). Every codec, nested ones included.
+  * `"all_reduce"`: the integer sum of codes (`codes_add_up` codecs only):
+    the symbols packed in the densest exact lanes for `P` senders
+    (`ndq_tf.ops.lane_layout`: `W` words of 32 or 64 bits) through a ring
+    all-reduce, plus the MAX all-reduce of the `⌈n/d⌉` float32 scales
+    that makes them shared: `2(P - 1)/P·(W·word_bits + 32·⌈n/d⌉)`.
+    `Float16Codec` and `Float32Codec` go through TF's float ring of their
+    dtype: `2(P - 1)/P·16n` and `2(P - 1)/P·32n`.
+  * `"float32_ring"`, `"float16_ring"`: the uncompressed baselines,
+    `2(P - 1)/P·32n` and `2(P - 1)/P·16n` (`codec` must be None or the
+    matching float codec).
+
+  Example: ternary DQSG (`DitheredCodec(num_levels=1)`, `d = 512`) on
+  `2**20` elements costs per element about `1.66·(P - 1)` bits by
+  all-gather, `2(P - 1)/P·(5.33 + 0.06)` by all-reduce at `P = 8`
+  (5-bit lanes, 6 per `int32`), and `2(P - 1)/P·32` by a float32 ring: the
+  all-gather stops paying against the float32 ring from `P = 39`, against
+  an fp16 ring from `P = 20`.
+
+  Args:
+    codec: a codec, or a list of `P` codecs, one per worker in sender order
+      (`CompressionOptions.sender_codecs(P)` of a nested group: rows are
+      padded to the longest payload); None for the float rings.
+    num_elements: `n >= 0`, the values in the buffer.
+    num_workers: `P >= 1`.
+    transport: one of `TRANSPORTS`.
+
+  Returns:
+    The bits one worker sends per step, a float (0 for `P = 1`).
+
+  Raises:
+    ValueError: for an unknown transport, a count out of range, a codec
+      that the transport cannot carry (codes that do not add up under
+      `"all_reduce"`, different codecs per worker, a codec given to a float
+      ring), or a sum too large for 31-bit lanes.
+  """
+  if transport not in TRANSPORTS:
+    raise ValueError(
+        f"`transport` must be one of {', '.join(map(repr, TRANSPORTS))}. "
+        f"Received: transport={transport!r}.")
+  _check_count("num_elements", num_elements, 0)
+  _check_count("num_workers", num_workers, 1)
+  n, p = num_elements, num_workers
+  if transport in ("float32_ring", "float16_ring"):
+    width = 32 if transport == "float32_ring" else 16
+    kind = f"float{width}"
+    for c in _sender_codecs(codec, p):
+      if c is not None and _summable_kind(c) != kind:
+        raise ValueError(
+            f"`codec` must be None (or Float{width}Codec) for transport="
+            f"{transport!r}, the uncompressed float{width} ring. Received: "
+            f"codec={c!r}.")
+    return ring_all_reduce_bits(width * n, p)
+  codecs = _sender_codecs(codec, p)
+  if any(c is None for c in codecs):
+    raise ValueError(
+        f"`codec` is required for transport={transport!r}. Received: "
+        f"codec=None.")
+  if transport == "all_gather":
+    distinct = {id(c): c for c in codecs}.values()
+    row_words = ALL_GATHER_HEADER_WORDS + max(
+        c.wire_bits(n) // 32 for c in distinct)
+    return ring_all_gather_bits(32 * row_words, p)
+  # all_reduce
+  first = codecs[0]
+  if any(c is not first and c != first for c in codecs[1:]):
+    raise ValueError(
+        f"`codec` must be the same for every worker under transport="
+        f"'all_reduce' (codes of different codecs do not add up). Received: "
+        f"{codecs!r}.")
+  if not codes_add_up(first):
+    why = ("nested codes are residues that only their own side information "
+           "decodes, and they do not add up; use 'all_gather'"
+           if getattr(first, "needs_side_information", False) else
+           "only DitheredCodec, HalfDitheredCodec, TernGradCodec, QSGDCodec, "
+           "Float16Codec and Float32Codec have codes that add up")
+    raise ValueError(
+        f"`codec` cannot be summed by transport='all_reduce': {why}. "
+        f"Received: codec={first!r}.")
+  kind = _summable_kind(first)
+  if kind == "float32":
+    return ring_all_reduce_bits(32 * n, p)
+  if kind == "float16":
+    return ring_all_reduce_bits(16 * n, p)
+  layout = lane_ops.lane_layout(first.alphabet_size, p, n)
+  return ring_all_reduce_bits(layout.wire_bits + 32 * first.num_scales(n), p)
+
+
+def auto_transport(codec, num_elements, num_workers):
+  """`"all_reduce"` if it sends fewer bits than `"all_gather"`, by the model.
+
+  The choice of a transport `"auto"`: the integer all-reduce when the codec's
+  codes add up (`codes_add_up`, the same codec for every worker) and
+  `exchange_bits` says it sends strictly fewer bits; otherwise (nested
+  groups, a tie, a single worker) the all-gather.
+
+  Args:
+    codec: a codec or one per worker, as for `exchange_bits`.
+    num_elements: `n >= 0`.
+    num_workers: `P >= 1`.
+
+  Returns:
+    `"all_gather"` or `"all_reduce"`.
+  """
+  gather = exchange_bits(codec, num_elements, num_workers, "all_gather")
+  try:
+    reduce = exchange_bits(codec, num_elements, num_workers, "all_reduce")
+  except ValueError:
+    return "all_gather"
+  return "all_reduce" if reduce < gather else "all_gather"

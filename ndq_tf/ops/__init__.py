@@ -1,5 +1,10 @@
-"""Pure TF ops: the quantizers' equations, a bit-exact RNG, code packing."""
+"""Pure TF ops: the quantizers' equations, a bit-exact RNG, code packing,
+integer lanes for summing codes, and decoding such sums."""
 
+from ndq_tf.ops.lane_ops import LaneLayout
+from ndq_tf.ops.lane_ops import lane_layout
+from ndq_tf.ops.lane_ops import pack_lanes
+from ndq_tf.ops.lane_ops import unpack_lanes
 from ndq_tf.ops.packing_ops import codes_per_word
 from ndq_tf.ops.packing_ops import num_words
 from ndq_tf.ops.packing_ops import pack_codes
@@ -16,3 +21,6 @@ from ndq_tf.ops.random_ops import fold_seed
 from ndq_tf.ops.random_ops import hash_uint32
 from ndq_tf.ops.random_ops import seed_keys
 from ndq_tf.ops.random_ops import uniform_dither
+from ndq_tf.ops.sum_decode_ops import dither_sum
+from ndq_tf.ops.sum_decode_ops import dithered_sum_dequantize
+from ndq_tf.ops.sum_decode_ops import scaled_sum_dequantize

@@ -1,0 +1,232 @@
+"""The exchange cost model of `ndq_tf.theory` (bits per worker per step)."""
+
+import math
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import ndq_tf
+from ndq_tf import ops
+from ndq_tf import theory
+from ndq_tf.distribute.transports import all_gather
+
+_N = 2**20
+
+
+def _dqsg(m=1, d=512):
+  return ndq_tf.DitheredCodec(num_levels=m, bucket_size=d)
+
+
+class SharedScaleVarianceTest(tf.test.TestCase, parameterized.TestCase):
+
+  def test_hand_values(self):
+    # P·κ²Δ²/12 with Δ = 1/M.
+    self.assertAlmostEqual(theory.shared_scale_variance(1, 1), 1 / 12)
+    self.assertAlmostEqual(theory.shared_scale_variance(1, 8), 8 / 12)
+    self.assertAlmostEqual(theory.shared_scale_variance(3, 8), 8 / (12 * 9))
+    self.assertAlmostEqual(theory.shared_scale_variance(2, 4, kappa_max=3.0),
+                           4 * 9 / (12 * 4))
+
+  @parameterized.parameters(1, 3, 7)
+  def test_one_worker_is_dqsg(self, m):
+    self.assertAlmostEqual(theory.shared_scale_variance(m, 1),
+                           theory.dithered_variance(m))
+
+  def test_no_workers_raises(self):
+    with self.assertRaisesRegex(ValueError, "num_workers=0"):
+      theory.shared_scale_variance(1, 0)
+
+
+class RingTest(tf.test.TestCase):
+
+  def test_ring_hand_values(self):
+    self.assertEqual(theory.ring_all_reduce_bits(1000, 1), 0)
+    self.assertEqual(theory.ring_all_reduce_bits(1000, 2), 1000)
+    self.assertAlmostEqual(theory.ring_all_reduce_bits(1000, 4), 1500)
+    self.assertEqual(theory.ring_all_gather_bits(100, 1), 0)
+    self.assertEqual(theory.ring_all_gather_bits(100, 5), 400)
+
+
+class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
+
+  def test_small_case_by_hand(self):
+    # DQSG M = 1, d = 4, n = 10, P = 3.
+    codec = _dqsg(1, 4)
+    # Payload: ceil(10/20) = 1 word of codes + ceil(10/4) = 3 scales;
+    # row: 4 header words + 4 = 8 words; (P - 1) rows sent.
+    self.assertEqual(theory.exchange_bits(codec, 10, 3, "all_gather"),
+                     2 * 8 * 32)
+    # Sums up to 3·2 = 6: 3-bit lanes, 10 per int32: 1 word (an int64 would
+    # be 64 bits); plus 3 float32 scales, through rings: 2(P-1)/P = 4/3.
+    self.assertAlmostEqual(theory.exchange_bits(codec, 10, 3, "all_reduce"),
+                           4 / 3 * (32 + 3 * 32))
+    self.assertAlmostEqual(theory.exchange_bits(None, 10, 3, "float32_ring"),
+                           4 / 3 * 320)
+    self.assertAlmostEqual(theory.exchange_bits(None, 10, 3, "float16_ring"),
+                           4 / 3 * 160)
+
+  def test_larger_case_by_hand(self):
+    # Ternary DQSG, d = 512, n = 2**20, P = 8: 5-bit lanes, 6 per int32
+    # (12 per int64: as dense): 174763 words; 2048 scales.
+    codec = _dqsg(1, 512)
+    words = -(-_N // 6)
+    self.assertAlmostEqual(theory.exchange_bits(codec, _N, 8, "all_reduce"),
+                           2 * 7 / 8 * 32 * (words + 2048))
+    self.assertEqual(theory.exchange_bits(codec, _N, 8, "all_gather"),
+                     7 * 32 * (4 + -(-_N // 20) + 2048))
+
+  def test_nested_group_rows_are_padded_to_the_longest_payload(self):
+    # P1 = one DQSG(M = 3) sender (7 symbols, 11 per word), P2 = two NDQSG
+    # (3 symbols, 20 per word); n = 100, d = 64: 10 + 2 and 5 + 2 words.
+    reference = _dqsg(3, 64)
+    nested = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3,
+                                        bucket_size=64)
+    codecs = [reference, nested, nested]
+    self.assertEqual(theory.exchange_bits(codecs, 100, 3, "all_gather"),
+                     2 * 32 * (4 + 12))
+    self.assertEqual(theory.exchange_bits([nested] * 3, 100, 3, "all_gather"),
+                     2 * 32 * (4 + 7))
+    self.assertEqual(theory.auto_transport(codecs, 100, 3), "all_gather")
+    with self.assertRaisesRegex(ValueError, "`codec`.*same for every worker"):
+      theory.exchange_bits(codecs, 100, 3, "all_reduce")
+    with self.assertRaisesRegex(ValueError, "`codec`.*one per worker \\(4\\)"):
+      theory.exchange_bits(codecs, 100, 4, "all_gather")
+
+  def test_all_gather_matches_the_transports_framing(self):
+    # The transport's own accounting: payload + framing = one row.
+    codecs = [_dqsg(3, 64), ndq_tf.NestedDitheredCodec(
+        num_levels=3, coarse_ratio=3, bucket_size=64), _dqsg(3, 64)]
+    n, p = 1000, 3
+    transport = all_gather.AllGatherTransport(None, p, 0, "/cpu:0")
+    words = [c.wire_bits(n) // 32 for c in codecs]
+    for k, c in enumerate(codecs):
+      row = c.wire_bits(n) + transport.framing_bits(words, [k])
+      self.assertEqual(theory.exchange_bits(codecs, n, p, "all_gather"),
+                       (p - 1) * row)
+    self.assertEqual(theory.ALL_GATHER_HEADER_WORDS, all_gather.HEADER_WORDS)
+
+  @parameterized.parameters(2, 3, 8, 128)
+  def test_all_reduce_counts_the_tensors_it_would_send(self, p):
+    # The lanes pack_lanes really makes, and the scales encode really makes.
+    codec = _dqsg(3, 128)
+    n = 5000
+    layout = ops.lane_layout(codec.alphabet_size, p, n)
+    words = ops.pack_lanes(tf.zeros([n], tf.int32), layout)
+    payload = codec.encode(tf.ones([n]), seed=[1, 2])
+    bits = (words.shape[0] * words.dtype.size * 8
+            + payload.scales.shape[0] * 32)
+    self.assertAlmostEqual(theory.exchange_bits(codec, n, p, "all_reduce"),
+                           2 * (p - 1) / p * bits)
+
+  @parameterized.parameters("all_gather", "all_reduce", "float32_ring",
+                            "float16_ring")
+  def test_one_worker_sends_nothing(self, transport):
+    codec = None if transport.startswith("float") else _dqsg()
+    self.assertEqual(theory.exchange_bits(codec, _N, 1, transport), 0)
+
+  def test_float_codecs_all_reduce_through_their_float_ring(self):
+    for p in (2, 8, 64):
+      self.assertEqual(
+          theory.exchange_bits(ndq_tf.Float32Codec(), _N, p, "all_reduce"),
+          theory.exchange_bits(None, _N, p, "float32_ring"))
+      self.assertEqual(
+          theory.exchange_bits(ndq_tf.Float16Codec(), _N, p, "all_reduce"),
+          theory.exchange_bits(None, _N, p, "float16_ring"))
+      self.assertEqual(
+          theory.exchange_bits(ndq_tf.Float16Codec(), _N, p, "float16_ring"),
+          theory.exchange_bits(None, _N, p, "float16_ring"))
+
+  def test_codes_add_up(self):
+    adds_up = {"float32", "float16", "dqsg", "half_dithered", "qsgd",
+               "terngrad"}
+    for name in ndq_tf.codecs.registry.NAMES:
+      codec = ndq_tf.codecs.get(name)
+      self.assertEqual(theory.codes_add_up(codec), name in adds_up, name)
+
+    class MyCodec(ndq_tf.DitheredCodec):  # may decode otherwise
+      pass
+
+    self.assertFalse(theory.codes_add_up(MyCodec()))
+    with self.assertRaisesRegex(ValueError, "`codec`.*only DitheredCodec"):
+      theory.exchange_bits(MyCodec(), 10, 2, "all_reduce")
+
+  def test_nested_codec_under_all_reduce_says_why(self):
+    nested = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)
+    with self.assertRaisesRegex(
+        ValueError, "`codec`.*nested codes.*side information.*all_gather"):
+      theory.exchange_bits(nested, _N, 8, "all_reduce")
+    self.assertEqual(theory.auto_transport(nested, _N, 1024), "all_gather")
+
+  def test_bad_arguments_raise(self):
+    with self.assertRaisesRegex(
+        ValueError, "`transport` must be one of 'all_gather', 'all_reduce', "
+        "'float32_ring', 'float16_ring'. Received: transport='ring'"):
+      theory.exchange_bits(_dqsg(), 10, 2, "ring")
+    with self.assertRaisesRegex(ValueError, "`num_workers`.*num_workers=0"):
+      theory.exchange_bits(_dqsg(), 10, 0, "all_gather")
+    with self.assertRaisesRegex(ValueError, "`num_elements`.*=-1"):
+      theory.exchange_bits(_dqsg(), -1, 2, "all_gather")
+    with self.assertRaisesRegex(ValueError, "`codec` must be None"):
+      theory.exchange_bits(_dqsg(), 10, 2, "float16_ring")
+    with self.assertRaisesRegex(ValueError, "`codec` must be None"):
+      theory.exchange_bits(ndq_tf.Float32Codec(), 10, 2, "float16_ring")
+    with self.assertRaisesRegex(ValueError, "`codec` is required"):
+      theory.exchange_bits(None, 10, 2, "all_gather")
+    with self.assertRaisesRegex(ValueError, "below 2\\*\\*31"):
+      theory.exchange_bits(_dqsg(32767), 10, 2**16, "all_reduce")
+    self.assertEqual(theory.auto_transport(_dqsg(32767), 10, 2**16),
+                     "all_gather")
+
+
+class BreakEvenTest(tf.test.TestCase):
+  """The issue's break-even numbers follow from the model."""
+
+  def test_all_gather_of_ternary_codes_against_rings(self):
+    codec = _dqsg(1, 512)
+    bits = theory.bits_per_element(codec, _N)  # 1.6625
+    self.assertAlmostEqual(bits, 32 / 20 + 32 / 512, places=3)
+
+    def first_worse(baseline_bits):
+      for p in range(2, 200):
+        if (theory.exchange_bits(codec, _N, p, "all_gather")
+            > theory.ring_all_reduce_bits(baseline_bits * _N, p)):
+          return p
+      return None
+
+    # (P - 1)·b = 2(P - 1)/P·B at P = 2B/b: 38.5 (float32), 19.2 (fp16),
+    # 9.6 (8 bits): "about 38, 19 and 10". The first P at which the
+    # all-gather sends more is the next integer.
+    for baseline, about, first in ((32, 38, 39), (16, 19, 20), (8, 10, 10)):
+      self.assertAlmostEqual(2 * baseline / bits, about, delta=0.6)
+      self.assertEqual(first_worse(baseline), first)
+    self.assertLess(theory.exchange_bits(codec, _N, 38, "all_gather"),
+                    theory.exchange_bits(None, _N, 38, "float32_ring"))
+    self.assertGreater(theory.exchange_bits(codec, _N, 20, "all_gather"),
+                       theory.exchange_bits(None, _N, 20, "float16_ring"))
+
+  def test_auto_switches_once_from_all_gather_to_all_reduce(self):
+    for codec, switch in ((_dqsg(1), 6), (_dqsg(3), 4),
+                          (ndq_tf.TernGradCodec(), 6),
+                          (ndq_tf.QSGDCodec(num_levels=1), 6)):
+      choices = [theory.auto_transport(codec, _N, p) for p in range(1, 1025)]
+      self.assertEqual(choices.index("all_reduce") + 1, switch, repr(codec))
+      self.assertNotIn("all_gather", choices[switch - 1:], repr(codec))
+
+  def test_all_reduce_grows_like_log_p(self):
+    # Per worker, the all-reduce's bits grow only with the lane width,
+    # about log2(2MP); the all-gather's grow like P.
+    codec = _dqsg(1)
+    for p in (8, 64, 1024):
+      lane = math.ceil(math.log2(2 * p + 1))
+      per_element = theory.exchange_bits(codec, _N, p, "all_reduce") / _N
+      self.assertLess(per_element, 2 * (lane * 64 / (63 // lane) + 0.07))
+    self.assertLess(theory.exchange_bits(codec, _N, 1024, "all_reduce"),
+                    theory.exchange_bits(None, _N, 1024, "float16_ring"))
+    self.assertTrue(np.isclose(
+        theory.exchange_bits(codec, _N, 1024, "all_gather") / _N,
+        1023 * (theory.bits_per_element(codec, _N) + 4 * 32 / _N)))
+
+
+if __name__ == "__main__":
+  tf.test.main()
