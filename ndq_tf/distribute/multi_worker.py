@@ -23,6 +23,8 @@ References:
   Reduction in Distributed Training. arXiv:1904.01197, 2019.
 """
 
+import itertools
+
 import tensorflow as tf
 
 from ndq_tf.distribute import engine as engine_lib
@@ -41,6 +43,13 @@ __all__ = [
 
 _BASES = tf_internals.MULTI_WORKER_BASES
 _WHO = "ndq_tf.MultiWorkerMirroredStrategy"
+# Collective group keys each strategy of a process may use. TF starts every
+# MultiWorkerMirroredStrategy at the same group key, so two of them in one
+# process would reuse each other's collective instances (a mismatch error,
+# or a hang). Every worker builds its strategies in the same order, so the
+# n-th strategy of each worker gets the same keys.
+_GROUP_KEYS_PER_STRATEGY = 1000
+_STRATEGIES = itertools.count()
 
 
 def _local_sum(parts):
@@ -312,6 +321,8 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
       cluster_resolver = tf_config.tf_config_resolver()
     self._compression = compression
     self._cluster_timeout = cluster_timeout
+    # Read by the extended's constructor (see _GROUP_KEYS_PER_STRATEGY).
+    self._collective_key_base = _GROUP_KEYS_PER_STRATEGY * next(_STRATEGIES)
     # The parent's constructor hard-codes its extended; build ours instead.
     tf_internals.Strategy.__init__(self, _CompressedCollectiveExtended(
         self, cluster_resolver=cluster_resolver,
