@@ -23,8 +23,6 @@ import importlib.util
 import json
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -32,11 +30,11 @@ import tensorflow as tf
 
 import ndq_tf
 from ndq_tf.distribute import telemetry
+import multi_worker_job as job_lib
 from ndq_tf.distribute.transports import all_gather
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "multi_worker_scripts")
-LAUNCH = os.path.join(ROOT, "ndq_tf", "launch.py")
 WORKER = os.path.join(SCRIPTS, "parity_worker.py")
 JOB_TIMEOUT = 300  # seconds, for the launcher; the subprocess gets 30 more.
 TRANSPORTS = ["device_copy", "all_gather"]
@@ -52,68 +50,12 @@ def _load_checks():
 checks = _load_checks()
 
 
-def _env():
-  env = dict(os.environ)
-  env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-  env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-  env.pop("TF_CONFIG", None)
-  return env
-
-
-class _MultiWorkerJob:
-  """The one 2-worker job of this file, started in the background."""
-
-  def __init__(self, out_dir):
-    cmd = [sys.executable, LAUNCH, "--num_workers", "2", "--timeout",
-           str(JOB_TIMEOUT), "--grace", "2", "--", sys.executable, WORKER,
-           "--out_dir", str(out_dir)]
-    # To a file, not a pipe: nobody reads while the MirroredStrategy half
-    # runs, and a full pipe would stall the workers.
-    self._log_path = os.path.join(out_dir, "job.log")
-    with open(self._log_path, "w") as log:
-      self._proc = subprocess.Popen(cmd, env=_env(), cwd=ROOT, text=True,
-                                    stdout=log, stderr=subprocess.STDOUT)
-    self._results = None
-    self._error = None
-
-  def results(self):
-    """Every worker's results, in worker order (waits for the job)."""
-    if self._results is None and self._error is None:
-      note = ""
-      try:
-        self._proc.wait(timeout=JOB_TIMEOUT + 30)
-      except subprocess.TimeoutExpired:
-        self.stop()
-        note = f"(killed after {JOB_TIMEOUT + 30} s)\n"
-      with open(self._log_path) as log:
-        output = log.read()
-      reports = [json.loads(line.split("PARITY ", 1)[1])
-                 for line in output.splitlines() if "] PARITY {" in line]
-      workers = sorted(r["worker"] for r in reports)
-      if self._proc.returncode != 0 or workers != [0, 1]:
-        self._error = (f"{note}exit code {self._proc.returncode}, workers "
-                       f"{workers}:\n{output[-20000:]}")
-      else:
-        self._results = [r["results"] for r in
-                         sorted(reports, key=lambda r: r["worker"])]
-    if self._error is not None:
-      pytest.fail(f"The multi-worker parity job failed: {self._error}")
-    return self._results
-
-  def stop(self):
-    if self._proc.poll() is None:
-      # The launcher forwards SIGTERM to its workers and stops them.
-      self._proc.terminate()
-      try:
-        self._proc.wait(timeout=30)
-      except subprocess.TimeoutExpired:
-        self._proc.kill()
-        self._proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def multi_worker_job(tmp_path_factory):
-  job = _MultiWorkerJob(tmp_path_factory.mktemp("parity_workers"))
+  out_dir = tmp_path_factory.mktemp("parity_workers")
+  job = job_lib.MultiWorkerJob(
+      WORKER, ["--out_dir", str(out_dir)], out_dir, "PARITY",
+      timeout=JOB_TIMEOUT, name="parity")
   yield job
   job.stop()
 
