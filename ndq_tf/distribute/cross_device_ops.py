@@ -291,7 +291,7 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
                  for s, device in enumerate(devices)]
       per_destination = self._engine.exchange(
           transports.DeviceCopyTransport(devices), senders,
-          mean=_is_mean(reduce_op),
+          reduce_op,
           lossless_values=[pairs[i][0] for i in lossless])
       for k, (i, _) in enumerate(compressed):
         results[i] = tf_internals.regroup_mirrored(
@@ -313,8 +313,3 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
           "gradients.")
     return False
 
-
-def _is_mean(reduce_op):
-  if isinstance(reduce_op, str):
-    reduce_op = tf.distribute.ReduceOp(reduce_op.upper())
-  return reduce_op == tf.distribute.ReduceOp.MEAN

@@ -54,6 +54,13 @@ LocalSender = collections.namedtuple("LocalSender",
 _WARNED = set()
 
 
+def _as_reduce_op(reduce_op):
+  """A `tf.distribute.ReduceOp` from one or its name (`"sum"`, `"MEAN"`)."""
+  if isinstance(reduce_op, str):
+    return tf.distribute.ReduceOp(reduce_op.upper())
+  return reduce_op
+
+
 def _warn_once(key, message, *args):
   """Logs `message` the first time `key` comes up in this process."""
   if key not in _WARNED:
@@ -173,8 +180,7 @@ class ExchangeEngine(tf.Module):
       per-replica tensors)`, a list of indices into `pairs`, and the devices
       of the compressed values (all of them live on the same devices).
     """
-    if isinstance(reduce_op, str):
-      reduce_op = tf.distribute.ReduceOp(reduce_op.upper())
+    reduce_op = _as_reduce_op(reduce_op)
     mode = scope.explicit_mode()
     wanted = mode == scope.COMPRESSED or (mode is None and gradient)
     if (not wanted or num_senders < 2 or
@@ -217,7 +223,7 @@ class ExchangeEngine(tf.Module):
     base = tf.constant([self._options.seed, SEED_TAG], tf.int32)
     return fusion.derive_seed(base, step, sender)
 
-  def exchange(self, transport, senders, mean=False, divisor=None,
+  def exchange(self, transport, senders, reduce_op, divisor=None,
                lossless_values=()):
     """Encodes the local senders, moves the payloads, decodes and sums.
 
@@ -225,8 +231,9 @@ class ExchangeEngine(tf.Module):
       transport: moves the payloads (`ndq_tf.distribute.transports`).
       senders: list of `LocalSender`, the senders this process encodes, in
         sender order; their tensors have the same shapes and dtypes.
-      mean: divide the sum by `divisor` (default: the number of senders).
-      divisor: see `mean`.
+      reduce_op: `SUM`, or `MEAN` (the sum divided by `divisor`), as a
+        `tf.distribute.ReduceOp` or its name.
+      divisor: what a `MEAN` divides by; default the number of senders.
       lossless_values: the values of the same call that travel losslessly
         (for the telemetry).
 
@@ -235,6 +242,7 @@ class ExchangeEngine(tf.Module):
       receiver of `transport.exchange`, in its order.
     """
     options = self._options
+    mean = _as_reduce_op(reduce_op) == tf.distribute.ReduceOp.MEAN
     num_senders = transport.num_senders
     codecs = options.sender_codecs(num_senders)
     plan = fusion.FusionPlan.from_tensors(senders[0].tensors,

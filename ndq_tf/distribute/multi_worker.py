@@ -157,12 +157,9 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
       transport = transports.AllGatherTransport(
           lambda row: tf_internals.all_gather(self._launcher, row, options),
           self._num_workers, self._worker_id, device, who=_WHO)
-      if isinstance(reduce_op, str):
-        reduce_op = tf.distribute.ReduceOp(reduce_op.upper())
       (summed,) = self._engine.exchange(
           transport, [engine_lib.LocalSender(self._worker_id, device, local)],
-          mean=reduce_op == tf.distribute.ReduceOp.MEAN,
-          divisor=self._group_size, lossless_values=lossless_values)
+          reduce_op, divisor=self._group_size, lossless_values=lossless_values)
       return summed
 
   def __deepcopy__(self, memo):
