@@ -42,6 +42,8 @@ __all__ = [
     "ring_all_reduce_bits",
     "ring_all_gather_bits",
     "codes_add_up",
+    "summed_form",
+    "ALL_REDUCE_STAMP_WORDS",
     "exchange_bits",
     "auto_transport",
 ]
@@ -306,6 +308,11 @@ TRANSPORTS = ("all_gather", "all_reduce", "float32_ring", "float16_ring")
 #: `ndq_tf.distribute.transports.all_gather.HEADER_WORDS` sends them.
 ALL_GATHER_HEADER_WORDS = 4
 
+#: Extra float32 words of the all-reduce's MAX of the scales: the step,
+#: stamped so that workers whose steps disagree stop with an error, as
+#: `ndq_tf.distribute.transports.collective_sum.STAMP_WORDS` sends them.
+ALL_REDUCE_STAMP_WORDS = 4
+
 # Codecs of ndq_tf.codecs whose codes add up, by their exact class (theory
 # cannot import the codecs, which import it; a subclass may decode
 # otherwise, so it is not taken on trust). "codes": integer codes, summed in
@@ -353,6 +360,19 @@ def ring_all_gather_bits(row_bits, num_workers):
         f"`num_workers` must be at least 1. Received: "
         f"num_workers={num_workers!r}.")
   return float((num_workers - 1) * row_bits)
+
+
+def summed_form(codec):
+  """How the integer all-reduce transport sums `codec`'s payloads, or None.
+
+  `"codes"`: integer codes in lanes (`ndq_ops.pack_lanes`) with shared
+  scales; `"float16"`, `"float32"`: the values, through TF's own ring of
+  that dtype; None: the payloads do not add up (nested codecs, any other
+  codec), so only the all-gather carries them.
+  """
+  if getattr(codec, "needs_side_information", False):
+    return None
+  return _summable_kind(codec)
 
 
 def codes_add_up(codec):
@@ -416,7 +436,8 @@ def exchange_bits(codec, num_elements, num_workers, transport):
     the symbols packed in the densest exact lanes for `P` senders
     (`ndq_tf.ops.lane_layout`: `W` words of 32 or 64 bits) through a ring
     all-reduce, plus the MAX all-reduce of the `⌈n/d⌉` float32 scales
-    that makes them shared: `2(P - 1)/P·(W·word_bits + 32·⌈n/d⌉)`.
+    that makes them shared (with `ALL_REDUCE_STAMP_WORDS` words of step
+    stamps): `2(P - 1)/P·(W·word_bits + 32·(⌈n/d⌉ + 4))`.
     `Float16Codec` and `Float32Codec` go through TF's float ring of their
     dtype: `2(P - 1)/P·16n` and `2(P - 1)/P·32n`.
   * `"float32_ring"`, `"float16_ring"`: the uncompressed baselines,
@@ -496,7 +517,9 @@ def exchange_bits(codec, num_elements, num_workers, transport):
   if kind == "float16":
     return ring_all_reduce_bits(16 * n, p)
   layout = lane_ops.lane_layout(first.alphabet_size, p, n)
-  return ring_all_reduce_bits(layout.wire_bits + 32 * first.num_scales(n), p)
+  return ring_all_reduce_bits(
+      layout.wire_bits + 32 * (first.num_scales(n) + ALL_REDUCE_STAMP_WORDS),
+      p)
 
 
 def auto_transport(codec, num_elements, num_workers):

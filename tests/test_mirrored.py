@@ -204,9 +204,11 @@ class TestCompressedAllReduce:
     assert "CPU:0" in ops.step.device
     assert copy.deepcopy(ops) is ops
 
-  def test_all_reduce_is_bitwise_identical_on_every_replica(self):
+  @pytest.mark.parametrize("transport", ["all_gather", "all_reduce"])
+  def test_all_reduce_is_bitwise_identical_on_every_replica(self, transport):
     strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=M),
-                                devices=_devices(), min_elements=64)
+                                devices=_devices(), min_elements=64,
+                                transport=transport)
     ops = strategy.compressed_all_reduce
     rng = np.random.default_rng(1)
     base = tf.constant(rng.normal(size=(1000,)), tf.float32)
@@ -223,8 +225,14 @@ class TestCompressedAllReduce:
     first = _local(strategy, step())
     _assert_bitwise_equal(first)
     exact = base * 10.0
-    bound = sum(float(tf.reduce_max(tf.abs(base))) * (1 + r)
-                for r in range(NUM_REPLICAS)) / (2 * M)
+    if transport == "all_gather":
+      # Each replica's error is at most half a step of its own scale.
+      bound = sum(float(tf.reduce_max(tf.abs(base))) * (1 + r)
+                  for r in range(NUM_REPLICAS)) / (2 * M)
+    else:
+      # Every replica quantizes with the largest scale (the last replica's).
+      bound = (NUM_REPLICAS * float(tf.reduce_max(tf.abs(base)))
+               * NUM_REPLICAS / (2 * M))
     assert float(tf.reduce_max(tf.abs(first[0] - exact))) <= bound * 1.0001
     assert int(ops.step.numpy()) == 1
     second = _local(strategy, step())
@@ -234,10 +242,17 @@ class TestCompressedAllReduce:
     assert not np.array_equal(first[0].numpy(), second[0].numpy())
     stats = strategy.compression_stats()
     assert stats["step"] == 2
-    assert stats["transport"] == "device_copy"
+    assert stats["transport"] == transport
     assert stats["senders"] == stats["local_senders"] == NUM_REPLICAS
-    assert stats["payload_bits"] == NUM_REPLICAS * ops.codec.wire_bits(1024)
+    if transport == "all_gather":
+      assert stats["payload_bits"] == NUM_REPLICAS * ops.codec.wire_bits(1024)
+    else:
+      layout = ndq_tf.ops.lane_layout(2 * M + 1, NUM_REPLICAS, 1024)
+      assert stats["payload_bits"] == NUM_REPLICAS * (
+          layout.wire_bits + 32 * ops.codec.num_scales(1024))
     assert stats["sent_bits"] == stats["payload_bits"]  # nothing lossless
+    assert stats["link_bits"] == round(NUM_REPLICAS * ndq_tf.theory.exchange_bits(
+        ops.codec, 1024, NUM_REPLICAS, transport))
     # The float32 bits of the same elements: 1000 per replica.
     assert stats["compressed_elements"] == 1000
     assert stats["lossless_elements"] == 0

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from ndq_tf.codecs import base
 from ndq_tf.codecs import bucketed
+from ndq_tf.ops import sum_decode_ops
 
 __all__ = [
     "Float32Codec",
@@ -90,6 +91,14 @@ class _StochasticRoundingCodec(bucketed.BucketedCodec):
 
   def _dequantize(self, q, scales, seed, side_information):
     return q * (scales / self._levels)[:, None]
+
+  def _decode_symbol_sum(self, symbol_sum, scales, seeds, dtype):
+    # Nothing to subtract: κ(S - P·s)/s. With the shared scale (the largest
+    # of the senders' max-norms, or L2 norms for QSGD) `s·|g|/κ <= s`
+    # still holds, so every code stays in {-s..s}.
+    return sum_decode_ops.scaled_sum_dequantize(
+        symbol_sum, scales, seeds.shape[0], self._levels, self._levels,
+        self._bucket_size, dtype)
 
 
 @base.register

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from ndq_tf.codecs import base
 from ndq_tf.ops import packing_ops
+from ndq_tf.ops import sum_decode_ops
 
 __all__ = [
     "BucketedCodec",
@@ -138,3 +139,117 @@ class BucketedCodec(base.Codec):
     symbols = self._unpack_stage(words)
     return self._dequantize_stage(symbols, scales, n, seed, side_information,
                                   dtype)
+
+  # -- Shared scales: summing several senders' codes --------------------------
+  #
+  # Used by the integer all-reduce transport (`ndq_tf.distribute`,
+  # docs/scaling.md). The codecs whose codes add up
+  # (`ndq_tf.theory.codes_add_up`) implement `_decode_symbol_sum`.
+
+  def bucket_scales(self, x):
+    """The `float32` scales `encode` would send for the 1-D tensor `x`.
+
+    Args:
+      x: 1-D floating tensor with a static length.
+
+    Returns:
+      `float32` `[⌈n/bucket_size⌉]`: one scale per bucket, NaN for a bucket
+      holding a NaN or an Inf.
+    """
+    x = _check_flat("x", x)
+    return self._compiled("_scales_stage")(x)
+
+  def encode_symbols(self, x, seed, scales):
+    """Quantizes the 1-D `x` with given per-bucket scales; returns symbols.
+
+    With `scales` the same for every sender (each bucket's largest scale
+    over the senders), the symbols of several senders add up: the sum of
+    their decodes is `decode_symbol_sum` of the sum of their symbols.
+
+    Args:
+      x: 1-D floating tensor of `n` values.
+      seed: shape-`[2]` integer tensor, this sender's seed.
+      scales: `float32` `[⌈n/bucket_size⌉]`, each at least the bucket's own
+        scale (`bucket_scales`), or non-finite: such a bucket (a NaN or an
+        Inf on some sender) is sent as code 0 and decodes to NaN.
+
+    Returns:
+      Integer symbols `code + offset` in `[0, alphabet_size)`, shape `[n]`
+      (`uint8` for alphabets up to 256 symbols, else `int32`).
+    """
+    x = _check_flat("x", x)
+    seed = self._check_seed(seed, self.needs_encode_seed, "encode_symbols")
+    scales = self._check_scales(scales, x.shape[0])
+    return self._compiled("_shared_scale_stage")(x, seed, scales)
+
+  def decode_symbol_sum(self, symbol_sum, scales, seeds, dtype=tf.float32):
+    """The sum of the decodes of `P` senders, from the sum of their symbols.
+
+    Args:
+      symbol_sum: 1-D integer tensor: the elementwise sum of the senders'
+        `encode_symbols`, all made with the same `scales`.
+      scales: the shared `float32` scales.
+      seeds: `[P, 2]` integer tensor, the seeds the senders encoded with
+        (any order; only their dithers' sum matters).
+      dtype: the floating dtype of the result.
+
+    Returns:
+      A tensor of `symbol_sum`'s shape and `dtype`: equal, to float
+      rounding, to the sum of the senders' decodes with those scales.
+
+    Raises:
+      TypeError: if this codec's codes do not add up.
+    """
+    symbol_sum = tf.convert_to_tensor(symbol_sum)
+    if symbol_sum.shape.rank != 1 or symbol_sum.shape[0] is None:
+      raise ValueError(
+          f"`symbol_sum` must be 1-D with a static length. Received: "
+          f"symbol_sum with shape {symbol_sum.shape}.")
+    scales = self._check_scales(scales, symbol_sum.shape[0])
+    seeds = tf.convert_to_tensor(seeds)
+    return self._compiled("_symbol_sum_stage")(symbol_sum, scales, seeds,
+                                               tf.as_dtype(dtype))
+
+  def _decode_symbol_sum(self, symbol_sum, scales, seeds, dtype):
+    raise TypeError(
+        f"The codes of {self!r} do not add up (see "
+        f"ndq_tf.theory.codes_add_up): decode every sender instead.")
+
+  def _check_scales(self, scales, n):
+    scales = tf.convert_to_tensor(scales)
+    if scales.dtype != tf.float32 or scales.shape != [self._num_scales(n)]:
+      raise ValueError(
+          f"`scales` must be float32 with one scale per bucket, shape "
+          f"[{self._num_scales(n)}] for {n} values. Received: scales with "
+          f"dtype {scales.dtype.name} and shape {scales.shape}.")
+    return scales
+
+  def _scales_stage(self, x):
+    return base.bucket_scales(base.to_buckets(x, self.bucket_size),
+                              self._norm)
+
+  def _shared_scale_stage(self, x, seed, scales):
+    xb = base.to_buckets(x, self.bucket_size)
+    q = self._quantize(xb, scales, seed)
+    # A non-finite shared scale (NaN or Inf in that bucket on some sender)
+    # decodes to NaN whatever the codes; code 0 keeps every symbol in its
+    # lane (a NaN cast to an integer is not).
+    q = tf.where(tf.math.is_finite(scales)[:, None], q, tf.zeros_like(q))
+    symbols = base.from_buckets(q, x.shape[0]) + self._offset
+    return tf.cast(symbols, self._symbol_dtype)
+
+  def _symbol_sum_stage(self, symbol_sum, scales, seeds, dtype):
+    return self._decode_symbol_sum(symbol_sum, scales, seeds, dtype)
+
+
+def _check_flat(name, x):
+  x = tf.convert_to_tensor(x)
+  if not x.dtype.is_floating:
+    raise TypeError(
+        f"`{name}` must be a floating point tensor. Received: {name} with "
+        f"dtype {x.dtype.name}.")
+  if x.shape.rank != 1 or x.shape[0] is None:
+    raise ValueError(
+        f"`{name}` must be 1-D with a static length. Received: {name} with "
+        f"shape {x.shape}.")
+  return x

@@ -13,6 +13,7 @@ import tensorflow as tf
 from ndq_tf.codecs import base
 from ndq_tf.codecs import bucketed
 from ndq_tf.ops import quantization_ops
+from ndq_tf.ops import sum_decode_ops
 
 __all__ = [
     "DitheredCodec",
@@ -91,6 +92,12 @@ class DitheredCodec(bucketed.BucketedCodec):
     return (quantization_ops.dithered_dequantize(q, u, 1.0)
             * (scales / self._num_levels)[:, None])
 
+  def _decode_symbol_sum(self, symbol_sum, scales, seeds, dtype):
+    # κΔ(S - P·M - Σ_p u_p): every sender's dither is subtracted.
+    return sum_decode_ops.dithered_sum_dequantize(
+        symbol_sum, scales, seeds, self._num_levels, self._bucket_size,
+        dtype)
+
 
 @base.register
 class HalfDitheredCodec(bucketed.BucketedCodec):
@@ -168,3 +175,8 @@ class HalfDitheredCodec(bucketed.BucketedCodec):
   def _dequantize(self, q, scales, seed, side_information):
     return (quantization_ops.half_dithered_dequantize(q, 1.0, q.dtype)
             * (scales / self._num_levels)[:, None])
+
+  def _decode_symbol_sum(self, symbol_sum, scales, seeds, dtype):
+    return sum_decode_ops.scaled_sum_dequantize(
+        symbol_sum, scales, seeds.shape[0], self._num_levels, self._max_code,
+        self._bucket_size, dtype)

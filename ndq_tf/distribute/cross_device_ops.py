@@ -99,6 +99,12 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
       fraction in `(0, 1)`; default 0.5.
     adaptive: nested `codec` only: the automatic mode. None: True iff
       `codec.alpha == "mmse"`.
+    transport: `"all_gather"` (every replica decodes every replica's
+      payload), `"all_reduce"` (shared scales, the replicas' integer codes
+      summed once, every replica decodes the sum once; DQSG, half-dithered,
+      TernGrad, QSGD, and float16/float32 values summed as floats) or
+      `"auto"` (default: the one with fewer bits by
+      `ndq_tf.theory.exchange_bits`, logged once); see docs/scaling.md.
 
   Raises:
     TypeError: if `codec` or `reference_codec` is not a codec (a class,
@@ -118,14 +124,16 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
                name="compressed_all_reduce",
                reference_codec=None,
                reference_replicas=None,
-               adaptive=None):
+               adaptive=None,
+               transport="auto"):
     tf.distribute.CrossDeviceOps.__init__(self)
     tf.Module.__init__(self, name=name)
     self._options = options_lib.CompressionOptions(
         codec, min_elements=min_elements, seed=seed,
         compress_indexed_slices=compress_indexed_slices,
         reference_codec=reference_codec, reference_group=reference_replicas,
-        adaptive=adaptive, group_argument="reference_replicas")
+        adaptive=adaptive, transport=transport,
+        group_argument="reference_replicas")
     self._default_fallback = fallback is None
     if fallback is None:
       fallback = tf.distribute.ReductionToOneDevice()
@@ -144,8 +152,7 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
           f"variable. Received: created inside the scope of "
           f"{tf.distribute.get_strategy()!r}.")
     self._fallback = fallback
-    self._engine = engine_lib.ExchangeEngine(
-        self._options, transports.DeviceCopyTransport.name)
+    self._engine = engine_lib.ExchangeEngine(self._options)
     self._labels = None
     self._warned_unlabelled = False
 
@@ -186,6 +193,11 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
   @property
   def adaptive(self):
     return self._options.adaptive
+
+  @property
+  def transport(self):
+    """The `transport` option (`"auto"`, `"all_gather"`, `"all_reduce"`)."""
+    return self._options.transport
 
   @property
   def needs_reference(self):
@@ -290,7 +302,8 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
                                         [dense[s] for _, dense in compressed])
                  for s, device in enumerate(devices)]
       per_destination = self._engine.exchange(
-          transports.DeviceCopyTransport(devices), senders,
+          {"all_gather": transports.DeviceCopyTransport(devices),
+           "all_reduce": transports.DeviceSumTransport(devices)}, senders,
           reduce_op,
           lossless_values=[pairs[i][0] for i in lossless])
       for k, (i, _) in enumerate(compressed):

@@ -21,8 +21,24 @@ owns, for both alike:
   (`nested_state`), and the telemetry (`telemetry`);
 * the step counter, advanced once per compressed exchange.
 
-A *transport* (`ndq_tf.distribute.transports`) only moves the senders'
-packed `int32` payloads to the receivers; it knows nothing of codecs.
+A *transport* (`ndq_tf.distribute.transports`) only moves bytes and knows
+nothing of codecs. Two kinds, chosen per exchange by the option
+`transport` (`CompressionOptions.resolve_transport`):
+
+* `"all_gather"`: every receiver gets every sender's packed `int32`
+  payload and decodes each in sender order (`Transport`);
+* `"all_reduce"`: for codecs whose payloads add up
+  (`ndq_tf.theory.summed_form`), the senders agree on one scale per bucket
+  (a MAX all-reduce), encode with it, and their integer codes, packed in
+  lanes that cannot carry into each other (`ndq_tf.ops.lane_layout`), are
+  summed exactly by an integer all-reduce (`SummingTransport`); every
+  receiver decodes the sum once, subtracting every sender's dither
+  (`codec.decode_symbol_sum`). Float16/Float32 values go through a float
+  ring instead. docs/scaling.md has the cost model and the choice.
+
+Ops are built under the name scopes `ndq_encode`, `ndq_exchange`,
+`ndq_decode` and `ndq_sum`, so profiles show where a step's time goes
+(`benchmarks/step_breakdown.py`).
 """
 
 import collections
@@ -30,6 +46,8 @@ import collections
 import tensorflow as tf
 from absl import logging
 
+from ndq_tf import ops as ndq_ops
+from ndq_tf import theory
 from ndq_tf.distribute import fusion
 from ndq_tf.distribute import nested_state
 from ndq_tf.distribute import scope
@@ -61,11 +79,23 @@ def _as_reduce_op(reduce_op):
   return reduce_op
 
 
-def _warn_once(key, message, *args):
+def _warn_once(key, message, *args, info=False):
   """Logs `message` the first time `key` comes up in this process."""
   if key not in _WARNED:
     _WARNED.add(key)
-    logging.warning("ndq_tf: " + message, *args)
+    (logging.info if info else logging.warning)("ndq_tf: " + message, *args)
+
+
+def _model_bits(codecs, num_elements, num_senders):
+  """`all_gather` and `all_reduce` bits by the cost model, for the log."""
+  parts = []
+  for kind in ("all_gather", "all_reduce"):
+    try:
+      bits = theory.exchange_bits(codecs, num_elements, num_senders, kind)
+    except ValueError:
+      continue
+    parts.append(f"{kind} {bits:.0f}")
+  return ", ".join(parts)
 
 
 class ExchangeEngine(tf.Module):
@@ -73,19 +103,17 @@ class ExchangeEngine(tf.Module):
 
   Args:
     options: the `ndq_tf.distribute.CompressionOptions`.
-    transport_name: the transport's name, for the telemetry.
     device: where the step counter, telemetry and noise state live.
     name: the module's name.
   """
 
-  def __init__(self, options, transport_name, device="/device:CPU:0",
-               name="exchange"):
+  def __init__(self, options, device="/device:CPU:0", name="exchange"):
     super().__init__(name=name)
     self._options = options
     self._device = device
     with tf.init_scope(), tf.device(device):
       self.step = tf.Variable(0, dtype=tf.int32, trainable=False, name="step")
-    self.telemetry = telemetry_lib.Telemetry(transport_name, options.nested,
+    self.telemetry = telemetry_lib.Telemetry(options.transport, options.nested,
                                              device=device)
     self.nested_state = (nested_state.NestedStateStore(device)
                          if options.nested else None)
@@ -223,12 +251,15 @@ class ExchangeEngine(tf.Module):
     base = tf.constant([self._options.seed, SEED_TAG], tf.int32)
     return fusion.derive_seed(base, step, sender)
 
-  def exchange(self, transport, senders, reduce_op, divisor=None,
+  def exchange(self, transports, senders, reduce_op, divisor=None,
                lossless_values=()):
     """Encodes the local senders, moves the payloads, decodes and sums.
 
     Args:
-      transport: moves the payloads (`ndq_tf.distribute.transports`).
+      transports: `{"all_gather": Transport, "all_reduce":
+        SummingTransport}` (`ndq_tf.distribute.transports`) over the same
+        senders and receivers; the exchange uses the one the options pick
+        (`CompressionOptions.resolve_transport`).
       senders: list of `LocalSender`, the senders this process encodes, in
         sender order; their tensors have the same shapes and dtypes.
       reduce_op: `SUM`, or `MEAN` (the sum divided by `divisor`), as a
@@ -239,16 +270,41 @@ class ExchangeEngine(tf.Module):
 
     Returns:
       One list of summed tensors (the senders' shapes and dtypes) per
-      receiver of `transport.exchange`, in its order.
+      receiver of the transport, in its order.
     """
     options = self._options
     mean = _as_reduce_op(reduce_op) == tf.distribute.ReduceOp.MEAN
-    num_senders = transport.num_senders
+    num_senders = transports["all_gather"].num_senders
     codecs = options.sender_codecs(num_senders)
     plan = fusion.FusionPlan.from_tensors(senders[0].tensors,
                                           codecs[0].bucket_size)
     with tf.device(self._device):
       step = self.step.read_value()
+    kind = options.resolve_transport(num_senders, plan.total_size)
+    if options.transport == "auto":
+      _warn_once(("auto", num_senders, kind), "transport='auto' sums the "
+                 "gradients of %d senders by %r (%s bits per sender and "
+                 "exchange of %d values by the cost model, "
+                 "ndq_tf.theory.exchange_bits).", num_senders, kind,
+                 _model_bits(codecs, plan.total_size, num_senders),
+                 plan.total_size, info=True)
+    if kind == "all_reduce":
+      results = self._exchange_sum(transports["all_reduce"], codecs[0], plan,
+                                   senders, step, mean, divisor,
+                                   lossless_values)
+    else:
+      results = self._exchange_gather(transports["all_gather"], codecs, plan,
+                                      senders, step, mean, divisor,
+                                      lossless_values)
+    with tf.device(self._device):
+      self.step.assign_add(1)
+    return results
+
+  def _exchange_gather(self, transport, codecs, plan, senders, step, mean,
+                       divisor, lossless_values):
+    """Every sender's payload to every receiver; decode each, then sum."""
+    options = self._options
+    num_senders = transport.num_senders
     nested = [x.index for x in senders
               if codecs[x.index].needs_side_information]
     noise = variables = None
@@ -263,7 +319,7 @@ class ExchangeEngine(tf.Module):
 
     fused, wires = {}, []
     for row, sender in enumerate(senders):
-      with tf.device(sender.device):
+      with tf.device(sender.device), tf.name_scope("ndq_encode"):
         fused[sender.index] = plan.flatten(sender.tensors)
         wires.append(fusion.encode_flat(
             codecs[sender.index], fused[sender.index],
@@ -272,12 +328,14 @@ class ExchangeEngine(tf.Module):
                          and sender.index in nested else None)))
 
     words = [plan.wire_words(c) for c in codecs]
-    receptions = transport.exchange(
-        [(x.index, x.device, w) for x, w in zip(senders, wires)], words, step)
+    with tf.name_scope("ndq_exchange"):
+      receptions = transport.exchange(
+          [(x.index, x.device, w) for x, w in zip(senders, wires)], words,
+          step)
 
     results, statistics = [], {}
     for reception in receptions:
-      with tf.device(reception.device), \
+      with tf.device(reception.device), tf.name_scope("ndq_decode"), \
           tf.control_dependencies(reception.checks):
         # A receiver derives every sender's seed from the step that sender
         # used (the transport reports it), never from its own counter alone.
@@ -300,14 +358,92 @@ class ExchangeEngine(tf.Module):
         else:
           decoded = fusion.decode_senders(codecs, reception.wires, seeds,
                                           plan)
+      with tf.device(reception.device), tf.name_scope("ndq_sum"):
         results.append(fusion.sum_decoded(decoded, plan, mean=mean,
                                           divisor=divisor))
 
     if nested:
       self._update_nested_state(variables, senders, statistics, plan)
-    self._record(transport, plan, senders, words, lossless_values)
-    with tf.device(self._device):
-      self.step.assign_add(1)
+    local = [x.index for x in senders]
+    payload_bits = 32 * sum(words[k] for k in local)
+    self._record(transport, plan, senders, lossless_values,
+                 payload_bits=payload_bits,
+                 framing_bits=transport.framing_bits(words, local),
+                 link_bits=len(senders) * theory.exchange_bits(
+                     codecs, plan.total_size, num_senders, "all_gather"))
+    return results
+
+  def _exchange_sum(self, transport, codec, plan, senders, step, mean,
+                    divisor, lossless_values):
+    """Shared scales, codes summed as integers, one decode of the sum."""
+    form = theory.summed_form(codec)
+    num_senders = transport.num_senders
+    n = plan.total_size
+
+    def finish(total):
+      if mean:
+        total = total / float(divisor or num_senders)
+      return plan.split(total)
+
+    results = []
+    if form in ("float16", "float32"):
+      # TF's own float ring: the values themselves, summed in their dtype.
+      dtype = tf.float16 if form == "float16" else tf.float32
+      values = []
+      for x in senders:
+        with tf.device(x.device), tf.name_scope("ndq_encode"):
+          values.append((x.index, x.device,
+                         tf.cast(plan.flatten(x.tensors), dtype)))
+      with tf.name_scope("ndq_exchange"):
+        reductions = transport.all_reduce(values, "Add")
+      for r in reductions:
+        with tf.device(r.device), tf.name_scope("ndq_sum"):
+          results.append(finish(tf.cast(r.value, tf.float32)))
+      payload_bits = len(senders) * dtype.size * 8 * n
+      framing_bits = 0
+    else:
+      if len(plan.segments) != 1:
+        raise ValueError(f"{codec!r} is not a bucketed codec.")
+      # The seed encode_flat gives the buffer's one segment: a sender's
+      # dither is the same under either transport.
+      seeds = [ndq_ops.fold_seed(self.seed(k, step), 0)
+               for k in range(num_senders)]
+      fused, own = {}, []
+      for x in senders:
+        with tf.device(x.device), tf.name_scope("ndq_encode"):
+          fused[x.index] = plan.flatten(x.tensors)
+          own.append((x.index, x.device,
+                      codec.bucket_scales(fused[x.index])))
+      with tf.name_scope("ndq_exchange"):
+        shared = {r.local_sender: r
+                  for r in transport.all_reduce(own, "Max", step=step)}
+      layout = ndq_ops.lane_layout(codec.alphabet_size, num_senders, n)
+      lanes = []
+      for x in senders:
+        scales = shared[x.index]
+        with tf.device(x.device), tf.name_scope("ndq_encode"), \
+            tf.control_dependencies(scales.checks):
+          symbols = codec.encode_symbols(fused[x.index], seeds[x.index],
+                                         scales.value)
+          lanes.append((x.index, x.device,
+                        ndq_ops.pack_lanes(symbols, layout)))
+      with tf.name_scope("ndq_exchange"):
+        sums = transport.all_reduce(lanes, "Add")
+      all_seeds = tf.stack(seeds)
+      for r in sums:
+        with tf.device(r.device), tf.name_scope("ndq_decode"):
+          total = codec.decode_symbol_sum(
+              ndq_ops.unpack_lanes(r.value, layout),
+              shared[r.local_sender].value, all_seeds, tf.float32)
+        with tf.device(r.device), tf.name_scope("ndq_sum"):
+          results.append(finish(total))
+      payload_bits = len(senders) * (layout.wire_bits
+                                     + 32 * codec.num_scales(n))
+      framing_bits = len(senders) * transport.framing_bits(True)
+    self._record(transport, plan, senders, lossless_values,
+                 payload_bits=payload_bits, framing_bits=framing_bits,
+                 link_bits=len(senders) * theory.exchange_bits(
+                     codec, n, num_senders, "all_reduce"))
     return results
 
   def _update_nested_state(self, variables, senders, statistics, plan):
@@ -333,8 +469,13 @@ class ExchangeEngine(tf.Module):
           [dict(statistics[p], num_buckets=num_buckets)
            for p in sorted(statistics)])
 
-  def _record(self, transport, plan, senders, words, lossless_values):
-    """Assigns the telemetry of this exchange."""
+  def _record(self, transport, plan, senders, lossless_values, payload_bits,
+              framing_bits, link_bits):
+    """Assigns the telemetry of this exchange.
+
+    `link_bits` is the cost model's bits on the local senders' links for
+    the compressed buffer; the lossless values add a float ring's.
+    """
     lossless_elements = tf.zeros([], tf.int64)
     lossless_bits = tf.zeros([], tf.int64)
     for value in lossless_values:
@@ -352,14 +493,18 @@ class ExchangeEngine(tf.Module):
       n = tf.size(v, out_type=tf.int64)
       lossless_elements += n
       lossless_bits += n * v.dtype.size * 8
-    local = [x.index for x in senders]
-    payload_bits = 32 * sum(words[k] for k in local)
+    num_senders = transport.num_senders
+    ring = 2.0 * (num_senders - 1) / num_senders
     with tf.device(self._device):
       self.telemetry.record(
-          senders=transport.num_senders,
+          transport=transport.name,
+          senders=num_senders,
           local_senders=len(senders),
           payload_bits=payload_bits,
-          sent_bits=(payload_bits + transport.framing_bits(words, local)
+          sent_bits=(payload_bits + framing_bits
                      + lossless_bits * len(senders)),
+          link_bits=(tf.constant(round(link_bits), tf.int64) + tf.cast(
+              tf.round(tf.cast(lossless_bits, tf.float64) * ring
+                       * len(senders)), tf.int64)),
           compressed_elements=plan.num_elements,
           lossless_elements=lossless_elements)

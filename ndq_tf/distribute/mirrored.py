@@ -69,7 +69,8 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
     cross_device_ops: a ready `CompressedAllReduce` (then `codec` and
       `**kwargs` must be omitted).
     **kwargs: passed to `CompressedAllReduce` (`min_elements`, `seed`,
-      `compress_indexed_slices`, `fallback`, and for a nested `codec`
+      `compress_indexed_slices`, `fallback`, `transport`, and for a nested
+      `codec`
       `reference_codec`, `reference_replicas`, `adaptive`).
 
   Nested codecs (the paper's Algorithm 2):

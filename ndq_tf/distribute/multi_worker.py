@@ -99,8 +99,7 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
         group_key, num_workers, self._collective_keys, self._exchange_device,
         options)
     self._engine = engine or engine_lib.ExchangeEngine(
-        compression, transports.AllGatherTransport.name,
-        device=self._exchange_device)
+        compression, device=self._exchange_device)
 
   @property
   def engine(self):
@@ -150,15 +149,20 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
     return results
 
   def _exchange(self, reduce_op, compressed, options, lossless_values):
-    """Local lossless sum, one encode, the all-gather, decode of every sender."""
+    """Local lossless sum, one encode per worker, the exchange, the decode."""
     device = self._exchange_device
     with tf.device(device), tf.name_scope("ndq_compressed_all_reduce"):
       local = [_local_sum(dense) for _, dense in compressed]
-      transport = transports.AllGatherTransport(
+      gather = transports.AllGatherTransport(
           lambda row: tf_internals.all_gather(self._launcher, row, options),
           self._num_workers, self._worker_id, device, who=_WHO)
+      reduce = transports.CollectiveSumTransport(
+          lambda value, merge_op: tf_internals.all_reduce(
+              self._launcher, value, options, merge_op),
+          self._num_workers, self._worker_id, device, who=_WHO)
       (summed,) = self._engine.exchange(
-          transport, [engine_lib.LocalSender(self._worker_id, device, local)],
+          {"all_gather": gather, "all_reduce": reduce},
+          [engine_lib.LocalSender(self._worker_id, device, local)],
           reduce_op, divisor=self._group_size, lossless_values=lossless_values)
       return summed
 
@@ -288,6 +292,15 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
       `codec.alpha == "mmse"`). Each nested worker's noise state is its
       own, and is saved with the model like the step counter.
     compress_indexed_slices: as for `ndq_tf.CompressedAllReduce`.
+    transport: how the workers' payloads travel: `"all_gather"` (every
+      worker receives every worker's payload: `(P - 1)` payloads per
+      worker and step), `"all_reduce"` (a MAX all-reduce of the scales,
+      then TF's own integer ring all-reduce sums the workers' codes
+      exactly: `2(P - 1)/P` lane vectors per worker, flat in `P`; for
+      DQSG, half-dithered, TernGrad and QSGD, and `codec="float16"` for
+      TF's float16 ring), or `"auto"` (default: the one the cost model
+      `ndq_tf.theory.exchange_bits` says sends fewer bits, logged once;
+      every worker picks the same). See docs/scaling.md.
 
   Raises:
     ImportError: if this TensorFlow lacks an internal the strategy needs.
@@ -299,13 +312,14 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
                min_elements=options_lib.DEFAULT_MIN_ELEMENTS, seed=0,
                reference_codec=None, reference_workers=None,
                cluster_timeout=None, adaptive=None,
-               compress_indexed_slices=False):
+               compress_indexed_slices=False, transport="auto"):
     tf_internals.multi_worker()  # Raises if this TF lacks its internals.
     compression = options_lib.CompressionOptions(
         codec, min_elements=min_elements, seed=seed,
         compress_indexed_slices=compress_indexed_slices,
         reference_codec=reference_codec, reference_group=reference_workers,
-        adaptive=adaptive, group_argument="reference_workers")
+        adaptive=adaptive, transport=transport,
+        group_argument="reference_workers")
     if cluster_timeout is not None and (
         isinstance(cluster_timeout, bool) or
         not isinstance(cluster_timeout, (int, float)) or cluster_timeout <= 0):
@@ -335,6 +349,11 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
   @property
   def codec(self):
     return self._compression.codec
+
+  @property
+  def transport(self):
+    """The `transport` option (`"auto"`, `"all_gather"`, `"all_reduce"`)."""
+    return self._compression.transport
 
   @property
   def compressed_all_reduce(self):

@@ -13,13 +13,18 @@ import inspect
 import keras
 
 from ndq_tf import codecs as ndq_codecs
+from ndq_tf import theory
 
 __all__ = [
     "DEFAULT_MIN_ELEMENTS",
     "DEFAULT_REFERENCE_GROUP",
+    "TRANSPORTS",
     "CompressionOptions",
     "coerce_codec",
 ]
+
+#: The values of `transport`: how payloads travel (`CompressionOptions`).
+TRANSPORTS = ("auto", "all_gather", "all_reduce")
 
 #: Default `min_elements`: smaller tensors travel losslessly. Every tensor
 #: starts on a bucket boundary, so a tensor of `n < bucket_size` elements
@@ -113,6 +118,13 @@ class CompressionOptions:
     adaptive: nested `codec` only: every nested sender encodes with its own
       measured noise (see `ndq_tf.distribute.nested_state`). None: True
       iff `codec.alpha == "mmse"` (which needs it).
+    transport: how the payloads travel: `"all_gather"` (every receiver
+      gets every sender's payload and decodes each), `"all_reduce"` (the
+      senders agree on shared scales and their codes are summed as
+      integers, or float16/float32 values by a float ring; only for the
+      codecs whose payloads add up, `ndq_tf.theory.summed_form`), or
+      `"auto"` (default): per exchange, the one that sends fewer bits by
+      `ndq_tf.theory.exchange_bits` (`resolve_transport`).
     group_argument: the name the caller gave `reference_group` (e.g.
       `"reference_replicas"`, `"reference_workers"`), for error messages;
       not part of the config.
@@ -125,7 +137,7 @@ class CompressionOptions:
 
   def __init__(self, codec, min_elements=DEFAULT_MIN_ELEMENTS, seed=0,
                compress_indexed_slices=False, reference_codec=None,
-               reference_group=None, adaptive=None,
+               reference_group=None, adaptive=None, transport="auto",
                group_argument="reference_group"):
     codec = coerce_codec(codec, "codec")
     self._min_elements = _check_int(min_elements, "min_elements", low=1)
@@ -140,6 +152,49 @@ class CompressionOptions:
     (self._reference_codec, self._reference_group,
      self._adaptive) = self._check_reference(codec, reference_codec,
                                              reference_group, adaptive)
+    self._transport = self._check_transport(transport)
+
+  def _check_transport(self, transport):
+    if transport not in TRANSPORTS:
+      raise ValueError(
+          f"`transport` must be one of {', '.join(map(repr, TRANSPORTS))}. "
+          f"Received: transport={transport!r}.")
+    if transport == "all_reduce" and (
+        self.nested or theory.summed_form(self._codec) is None):
+      if self.nested:
+        why = ("nested codes are residues that only their own side "
+               "information decodes, so they do not add up; use "
+               "transport='all_gather' (or 'auto')")
+      else:
+        why = ("only the codes of DitheredCodec, HalfDitheredCodec, "
+               "TernGradCodec and QSGDCodec add up (and Float16Codec and "
+               "Float32Codec values, through a float ring); use "
+               "transport='all_gather' (or 'auto')")
+      raise ValueError(
+          f"transport='all_reduce' cannot sum the payloads of "
+          f"codec={self._codec!r}: {why}.")
+    return transport
+
+  @property
+  def transport(self):
+    """`"auto"`, `"all_gather"` or `"all_reduce"`, as given."""
+    return self._transport
+
+  def resolve_transport(self, num_senders, num_elements):
+    """The transport of an exchange of `num_elements` values among senders.
+
+    `"auto"` picks `ndq_tf.theory.auto_transport`: the integer all-reduce
+    when the payloads add up and it sends fewer bits per sender by the
+    cost model, else the all-gather. Every sender resolves the same static
+    numbers, so all of them pick the same.
+
+    Returns:
+      `"all_gather"` or `"all_reduce"`.
+    """
+    if self._transport != "auto":
+      return self._transport
+    return theory.auto_transport(self.sender_codecs(num_senders),
+                                 num_elements, num_senders)
 
   def _check_reference(self, codec, reference_codec, group, adaptive):
     """Validates the nested-group arguments (the paper's Algorithm 2)."""
@@ -272,6 +327,7 @@ class CompressionOptions:
         "min_elements": self._min_elements,
         "seed": self._seed,
         "compress_indexed_slices": self._compress_indexed_slices,
+        "transport": self._transport,
     }
     if self.nested:
       config["reference_codec"] = keras.saving.serialize_keras_object(
@@ -300,4 +356,5 @@ class CompressionOptions:
                 f"adaptive={self._adaptive}")
     return (f"CompressionOptions(codec={self._codec!r}, min_elements="
             f"{self._min_elements}, seed={self._seed}, compress_indexed_slices="
-            f"{self._compress_indexed_slices}{nested})")
+            f"{self._compress_indexed_slices}{nested}, transport="
+            f"{self._transport!r})")

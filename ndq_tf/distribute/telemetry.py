@@ -14,14 +14,22 @@ replicas: every replica is a sender) or one worker of a multi-worker job
 Keys (all of the last compressed exchange):
 
 * `step`: compressed exchanges so far (the dither's step counter).
-* `transport`: the transport's name (`"device_copy"`, `"all_gather"`).
+* `transport`: how the last exchange travelled, `"all_gather"` or
+  `"all_reduce"` (what `transport="auto"` picked); before the first
+  exchange, the option as given.
 * `senders`: senders in the exchange, all processes together.
 * `local_senders`: senders this process encoded.
 * `sent_bits`: bits this process's senders put on the wire: their packed
   payloads with the transport's framing (headers, padding to a common
   length), plus the tensors of the same call sent losslessly, at their
   width, once per local sender.
+  For `"all_reduce"`, the payload is what a sender puts into the sum: its
+  lanes of codes and its scales (plus the step stamps as framing).
 * `payload_bits`: the codec payloads alone, all local senders.
+* `link_bits`: what the local senders' links carry for this exchange by
+  the cost model (`ndq_tf.theory.exchange_bits`: `(P - 1)` framed rows
+  for `"all_gather"`, `2(P - 1)/P` payloads for `"all_reduce"`; the
+  lossless tensors as a float ring, `2(P - 1)/P` of their bits).
 * `compressed_elements`, `lossless_elements`: gradient elements per sender
   in the call that were compressed, and that travelled losslessly beside
   them (small tensors, `IndexedSlices`, integers; sparse values counted by
@@ -29,6 +37,9 @@ Keys (all of the last compressed exchange):
 * `wire_bits_per_element`: `sent_bits` per local sender and element of the
   call (compressed and lossless): 32 for float32 everywhere.
 * `compression_ratio`: float32 bits of the same elements / `sent_bits`.
+* `link_compression_ratio`: what a float32 ring all-reduce of the same
+  elements carries (`2(P - 1)/P·32` bits each) / `link_bits`: the traffic
+  saved against TF's own all-reduce, whatever the transport.
 
 Counted since the strategy was built (not only the last exchange):
 
@@ -59,18 +70,23 @@ import tensorflow as tf
 __all__ = [
     "KEYS",
     "NESTED_KEYS",
+    "TRANSPORT_NAMES",
     "Telemetry",
 ]
 
 KEYS = ("step", "transport", "senders", "local_senders", "sent_bits",
-        "payload_bits", "compressed_elements", "lossless_elements",
-        "wire_bits_per_element", "compression_ratio",
-        "uncompressed_gradient_reductions", "lossless_fallbacks")
+        "payload_bits", "link_bits", "compressed_elements",
+        "lossless_elements", "wire_bits_per_element", "compression_ratio",
+        "link_compression_ratio", "uncompressed_gradient_reductions",
+        "lossless_fallbacks")
+
+#: The transports an exchange reports, by their code in the telemetry.
+TRANSPORT_NAMES = ("all_gather", "all_reduce")
 NESTED_KEYS = ("overloads", "nested_elements", "overload_rate",
                "overload_probability", "fallback_fraction")
 
 _COUNTERS = ("senders", "local_senders", "sent_bits", "payload_bits",
-             "compressed_elements", "lossless_elements")
+             "link_bits", "compressed_elements", "lossless_elements")
 _CUMULATIVE = ("uncompressed_gradient_reductions", "lossless_fallbacks")
 _NESTED_COUNTERS = ("overloads", "nested_elements", "fallback_buckets",
                     "nested_buckets")
@@ -80,7 +96,7 @@ class Telemetry(tf.Module):
   """Host variables describing the last compressed exchange of this process.
 
   Args:
-    transport: the transport's name.
+    transport: the transport option (reported until the first exchange).
     nested: whether to keep the nested counters.
     device: where the variables live.
   """
@@ -95,27 +111,37 @@ class Telemetry(tf.Module):
           key: tf.Variable(0, dtype=tf.int64, trainable=False, name=key)
           for key in (_COUNTERS + _CUMULATIVE
                       + (_NESTED_COUNTERS if nested else ()))}
+      self._transport_code = tf.Variable(-1, dtype=tf.int64, trainable=False,
+                                         name="transport")
       if nested:
         self._expected = tf.Variable(0.0, dtype=tf.float64, trainable=False,
                                      name="expected_overloads")
 
   @property
   def transport(self):
-    return self._transport
+    """The transport of the last exchange (the option before the first)."""
+    code = int(self._transport_code.numpy())
+    return TRANSPORT_NAMES[code] if code >= 0 else self._transport
 
-  def record(self, **values):
+  def record(self, transport, **values):
     """Assigns the counters of one exchange; returns the assign ops.
 
     Args:
+      transport: one of `TRANSPORT_NAMES`.
       **values: integer scalars (Python or tensors) for `senders`,
-        `local_senders`, `sent_bits`, `payload_bits`,
+        `local_senders`, `sent_bits`, `payload_bits`, `link_bits`,
         `compressed_elements`, `lossless_elements`.
     """
+    if transport not in TRANSPORT_NAMES:
+      raise ValueError(
+          f"`transport` must be one of {TRANSPORT_NAMES}. Received: "
+          f"transport={transport!r}.")
     unknown = set(values) - set(_COUNTERS)
     if unknown:
       raise ValueError(f"Unknown telemetry keys: {sorted(unknown)}.")
-    return [self._counters[k].assign(tf.cast(v, tf.int64))
-            for k, v in values.items()]
+    return [self._transport_code.assign(TRANSPORT_NAMES.index(transport))] + [
+        self._counters[k].assign(tf.cast(v, tf.int64))
+        for k, v in values.items()]
 
   def count(self, **increments):
     """Adds to the cumulative counters (`uncompressed_gradient_reductions`,
@@ -163,7 +189,7 @@ class Telemetry(tf.Module):
       step: the exchange's step counter (an int), reported as `step`.
     """
     value = {k: int(v.numpy()) for k, v in self._counters.items()}
-    out = {"step": int(step), "transport": self._transport}
+    out = {"step": int(step), "transport": self.transport}
     for key in _COUNTERS + _CUMULATIVE:
       out[key] = value[key]
     elements = value["compressed_elements"] + value["lossless_elements"]
@@ -173,6 +199,10 @@ class Telemetry(tf.Module):
                                     else float("nan"))
     out["compression_ratio"] = 32 * per_sender / sent if sent else float(
         "nan")
+    senders, link = value["senders"], value["link_bits"]
+    ring = 2.0 * (senders - 1) / senders if senders else 0.0
+    out["link_compression_ratio"] = (ring * 32 * per_sender / link if link
+                                     else float("nan"))
     if self._nested:
       nested = value["nested_elements"]
       out["overloads"] = value["overloads"]

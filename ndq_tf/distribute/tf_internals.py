@@ -197,6 +197,7 @@ def _load_multi_worker():
   from tensorflow.python.distribute import collective_all_reduce_strategy
   from tensorflow.python.distribute import cross_device_utils
   from tensorflow.python.distribute import values_util
+  from tensorflow.python.ops import collective_ops
   # pylint: enable=g-direct-tensorflow-import,g-import-not-at-top
   namespace = types.SimpleNamespace(
       CollectiveAllReduce=_cross_device_ops_lib.CollectiveAllReduce,
@@ -206,9 +207,14 @@ def _load_multi_worker():
           collective_all_reduce_strategy.CollectiveAllReduceExtended),
       CollectiveReplicaLauncher=cross_device_utils.CollectiveReplicaLauncher,
       mark_as_unsaveable=values_util.mark_as_unsaveable,
+      all_reduce_v2=collective_ops.all_reduce_v2,
   )
   # Used by name later; check now, so that a rename fails at once.
   for owner, attr in ((namespace.CollectiveReplicaLauncher, "_all_gather"),
+                      (namespace.CollectiveReplicaLauncher,
+                       "_next_instance_key"),
+                      (namespace.CollectiveReplicaLauncher,
+                       "_get_ordering_token"),
                       (namespace.CollectiveAllReduceExtended,
                        "_initialize_multi_worker"),
                       (namespace.CollectiveAllReduceExtended,
@@ -246,6 +252,24 @@ def multi_worker():
   if _MULTI_WORKER is None:
     raise _MULTI_WORKER_ERROR
   return _MULTI_WORKER
+
+
+def all_reduce(launcher, value, options, merge_op="Add"):
+  """`CollectiveReplicaLauncher.all_reduce` of `value` with `merge_op`.
+
+  The launcher's own `all_reduce` always adds; the scales of the compressed
+  exchange need `"Max"`. Same instance keys, ordering token and options.
+  """
+  # pylint: disable=protected-access
+  instance_key = launcher._next_instance_key()
+  options = launcher._options.merge(options)
+  ordering_token = launcher._get_ordering_token()
+  with tf.device(launcher._device):
+    return multi_worker().all_reduce_v2(
+        value, launcher._group_size, launcher._group_key, instance_key,
+        merge_op=merge_op, final_op="Id",
+        communication_hint=options.implementation.value,
+        timeout=options.timeout_seconds, ordering_token=ordering_token)
 
 
 def all_gather(launcher, value, options):

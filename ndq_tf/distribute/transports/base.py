@@ -5,6 +5,8 @@ import collections
 
 __all__ = [
     "Reception",
+    "Reduction",
+    "SummingTransport",
     "Transport",
 ]
 
@@ -16,6 +18,14 @@ __all__ = [
 #: payloads are decoded (`checks`).
 Reception = collections.namedtuple(
     "Reception", ["device", "wires", "steps", "local_sender", "checks"])
+
+
+#: What one receiver of this process got from an all-reduce: its `device`,
+#: the reduced tensor (`value`), the index of the sender on the same device
+#: (`local_sender`, None if none) and ops that must run before the value is
+#: used (`checks`).
+Reduction = collections.namedtuple(
+    "Reduction", ["device", "value", "local_sender", "checks"])
 
 
 class Transport(abc.ABC):
@@ -54,4 +64,50 @@ class Transport(abc.ABC):
       local_senders: indices of the senders this process encodes.
     """
     del words, local_senders
+    return 0
+
+
+class SummingTransport(abc.ABC):
+  """All-reduces one tensor per sender: every receiver gets their sum or max.
+
+  The transport of codecs whose payloads add up (`ndq_tf.theory.summed_form`):
+  integer lanes of codes, summed exactly, after a MAX of the per-bucket
+  scales; or float16/float32 values through a float ring. It knows nothing
+  of codecs either.
+  """
+
+  #: The name reported in the telemetry.
+  name = None
+
+  @property
+  @abc.abstractmethod
+  def num_senders(self):
+    """Senders of the exchange, all processes together."""
+
+  @abc.abstractmethod
+  def all_reduce(self, local_values, merge_op, step=None):
+    """Sums (or maxes) the local senders' tensors with everyone else's.
+
+    Args:
+      local_values: `(sender index, device, tensor)` of every sender this
+        process holds; the tensors have one shape and dtype on every
+        sender: integers (`int32`, `int64`) or `float16`/`float32` for
+        `"Add"`, `float32` for `"Max"`.
+      merge_op: `"Add"` or `"Max"`.
+      step: the `int32` step of this exchange, or None. A transport whose
+        senders live in other processes then checks that every sender is at
+        the same step (their seeds, so their dithers, depend on it), with
+        an error naming the steps, in the `checks` of its result.
+
+    Returns:
+      A list of `Reduction`, one per receiver of this process.
+    """
+
+  def framing_bits(self, step_checked):
+    """Bits each local sender sends beyond its tensors (step stamps).
+
+    Args:
+      step_checked: whether the reduction carried the step.
+    """
+    del step_checked
     return 0

@@ -19,7 +19,7 @@ class DeviceCopyTransport(base.Transport):
     devices: the replicas' devices, in sender order.
   """
 
-  name = "device_copy"
+  name = "all_gather"
 
   def __init__(self, devices):
     self._devices = tuple(devices)

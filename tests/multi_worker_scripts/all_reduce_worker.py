@@ -1,0 +1,91 @@
+"""One worker of tests/test_all_reduce_multi_worker.py (started by `ndq_tf.launch`).
+
+Issue #11 on real worker processes: `model.fit` for `--steps` steps under
+`ndq_tf.MultiWorkerMirroredStrategy(codec, transport=...)` on a small
+model, then one line `ALL_REDUCE {"worker": i, "results": {...}}` with a
+SHA-256 of every weight (bitwise identity across workers is compared by
+the test), the telemetry of the last exchange, the transport the cost model
+predicts for this job, and the final loss.
+
+`--die_at_step k`: worker `--die_worker` ends its process (exit 3) at the
+start of step `k`, in the middle of the job: the others are then blocked in
+the step's collectives until the launcher stops them.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+
+
+def _parse():
+  p = argparse.ArgumentParser(description=__doc__)
+  p.add_argument("--codec", default="dqsg:num_levels=1",
+                 help="Codec spec (ndq_tf.codecs.get).")
+  p.add_argument("--transport", default="auto",
+                 help="all_gather, all_reduce or auto.")
+  p.add_argument("--steps", type=int, default=10, help="model.fit steps.")
+  p.add_argument("--die_at_step", type=int, default=None,
+                 help="Step at whose start --die_worker exits.")
+  p.add_argument("--die_worker", type=int, default=1,
+                 help="The worker that dies.")
+  return p.parse_args()
+
+
+def main():
+  args = _parse()
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+
+  worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+  strategy = ndq_tf.MultiWorkerMirroredStrategy(
+      codec=args.codec, transport=args.transport, seed=5,
+      communication_options=tf.distribute.experimental.CommunicationOptions(
+          timeout_seconds=120))
+  num_workers = strategy.num_replicas_in_sync
+  keras.utils.set_random_seed(1)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(64 * num_workers * args.steps, 32)).astype(np.float32)
+  y = (x[:, :4].sum(axis=1) > 0).astype(np.int64)
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(
+      16 * num_workers).repeat()
+  with strategy.scope():
+    model = keras.Sequential([
+        keras.Input((32,)),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(2),
+    ])
+    model.compile(keras.optimizers.SGD(0.05),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+  class Die(keras.callbacks.Callback):
+
+    def on_train_batch_begin(self, batch, logs=None):
+      if batch == args.die_at_step and worker == args.die_worker:
+        print(f"worker {worker} dies at step {batch}", flush=True)
+        os._exit(3)  # pylint: disable=protected-access
+
+  history = model.fit(dataset, epochs=1, steps_per_epoch=args.steps,
+                      verbose=0, callbacks=[Die()])
+  elements = sum(int(np.prod(w.shape)) for w in model.trainable_weights
+                 if int(np.prod(w.shape)) >= strategy.options.min_elements)
+  stats = strategy.compression_stats()
+  results = {
+      "weights": [hashlib.sha256(np.ascontiguousarray(w)).hexdigest()
+                  for w in model.get_weights()],
+      "stats": stats,
+      "loss": float(history.history["loss"][-1]),
+      "compressed_elements": elements,
+      "step": int(strategy.compression_step.numpy()),
+  }
+  print("ALL_REDUCE " + json.dumps({"worker": worker, "results": results}),
+        flush=True)
+  sys.stdout.flush()
+
+
+if __name__ == "__main__":
+  main()
