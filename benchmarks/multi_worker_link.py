@@ -1,56 +1,93 @@
-r"""Step time of N workers on shaped links: float32 ring vs DQSG vs NDQSG.
+r"""Step time and bytes of P workers on shaped links: every transport, one run.
 
-`--num_workers` worker processes (default 2) run in network namespaces of
-their own, each joined to a bridge (in a namespace too) by a veth pair whose
-both ends are limited with `tbf` (the kernel's token-bucket filter; the
-`Network` class below has the commands), at each `--rates` (default 100
-Mbit/s and 1 Gbit/s). Worker i
-has the address 10.77.0.(i+1); `ndq_tf.launch` starts the workers
-(`--hosts 10.77.0.1,... --port ... --worker_prefix "ip netns exec ..."`). For
-each rate and method the same custom training loop (`strategy.run` +
-`apply_gradients`, an MLP of about 5M parameters) runs `--warmup` + `--steps`
-steps:
+For each `--num_workers` P (default 2 4 8) and each `--rates` (default
+100 Mbit/s), P worker processes run in network namespaces of their own, each
+joined to a bridge (in a namespace too) by a veth pair whose both ends are
+limited with `tbf` (the kernel's token-bucket filter; the `Network` class
+below has the commands). Worker i has the address 10.77.0.(i+1);
+`ndq_tf.launch` starts the workers (`--hosts 10.77.0.1,... --port ...
+--worker_prefix "ip netns exec ..."`). Every method runs the same custom
+training loop (`strategy.run` + `apply_gradients`, an MLP of `--layers`,
+about 5M parameters by default) for `--warmup` + `--steps` steps:
 
-* `float32`: TF's own `tf.distribute.MultiWorkerMirroredStrategy`, ring
-  all-reduce of float32 gradients;
-* `dqsg`: `ndq_tf.MultiWorkerMirroredStrategy(DitheredCodec(num_levels=M))`,
-  `M = --dqsg_levels` (default 1: ternary codes, 1.66 bits per element);
-* `ndqsg`: `NestedDitheredCodec(num_levels=3, coarse_ratio=3)` (1.66 bits) on
-  workers 1 to N-1 and that DQSG on worker 0 (the reference group). One
-  all-gather needs one payload size, so reference and nested codecs of the
-  same rate avoid padding.
+* `float32`: TF's own `tf.distribute.MultiWorkerMirroredStrategy` with
+  `CommunicationImplementation.RING` (the users' baseline): a float32 ring
+  all-reduce of every gradient tensor;
+* `float16`: `ndq_tf.MultiWorkerMirroredStrategy(codec="float16",
+  transport="all_reduce")`, TF's ring of float16 values;
+* `dqsg_ag`: `codec="dqsg:num_levels=M"` (`M = --dqsg_levels`, default 1:
+  ternary codes), `transport="all_gather"`: every worker's packed codes
+  all-gathered;
+* `dqsg_ar`: the same codec, `transport="all_reduce"`: a MAX all-reduce of
+  the per-bucket scales, then the codes summed in integer lanes;
+* `auto`: the same codec, `transport="auto"` (the strategy picks by
+  `ndq_tf.theory.auto_transport`; the transport it used is reported);
+* `ndqsg` (not in the default list): `NestedDitheredCodec(num_levels=3,
+  coarse_ratio=3)` on workers 1 to P-1 and that DQSG on worker 0,
+  all-gathered.
 
-Reported per (rate, method): median step time of the timed steps (the
-slowest worker's), bytes sent per step per worker (the veth's tx counter, so
-TCP/gRPC overhead included, mean over the workers), the bytes ratio (float32
-bytes / compressed bytes on the wire), the speed-up over float32, and the
-ideal speed-up given the bytes ratio: the float32 step measured first without
-a bandwidth limit (compute, which compression cannot shorten) plus the shaped
-float32 communication time divided by the ratio. The bytes of the
-compressed exchange per worker and step are `sent_bits` of
-`strategy.compression_stats()` / 8 (header, payload and the small tensors
-sent losslessly beside it: 40 B of biases here); the optimizer's gradient
-all-reduce is compressed by default, and a worker stops with an error if its
-step counter (`step`) did not advance once per step.
+What is measured, per (P, rate, method):
 
-Needs root (network namespaces); everything it creates is removed at the end
-(also on errors, Ctrl-C and SIGTERM), and every launch is bounded by
-`--timeout`. Run:
+* **Step time**: the median of the timed steps on each worker, the
+  slowest worker's.
+* **Bytes on the link**: each worker reads the counters of its own veth
+  end (`/sys/class/net/<dev>/statistics`) after the warm-up and after the
+  timed steps; bytes per step = the difference / `--steps`. That is every
+  frame the worker transmits: Ethernet, IPv4 and TCP headers (66 B per
+  frame with TCP timestamps; the veths are set to `gso_max_segs 1` so that,
+  as on a real Ethernet, every frame is at most one MTU: 1448 B of TCP
+  payload behind 66 B of headers), the TCP ACKs of what it receives,
+  retransmissions, gRPC's HTTP/2 and protobuf framing of every collective
+  chunk, the RPC requests of the ring's receivers, and the control traffic
+  (TF's coordination-service heartbeats, gRPC keep-alives) of the interval.
+  Not included: Ethernet's preamble, FCS and inter-frame gap (24 B per
+  frame on a wire; Linux counts no more than the frame, and `tbf` meters
+  the same bytes).
+* **Model bytes**: `ndq_tf.theory.exchange_bits` for the gradient elements
+  the strategy compressed and the transport it used (`compressed_elements`
+  and `transport` of `strategy.compression_stats()`), plus a float32 ring
+  all-reduce (`theory.ring_all_reduce_bits`) of the elements it sent
+  losslessly beside them (`lossless_elements`: here the 10-element output
+  bias, below `min_elements=256`); for `float32`, `"float32_ring"` of every
+  parameter. The loss's scalar `strategy.reduce` is in the measured bytes
+  and not in the model.
+* **Breakdown**: frame headers (`tx_packets` x 66 B), TCP retransmissions
+  (`RetransSegs` of the worker's namespace), what remains above the model
+  (gRPC framing, RPC requests, control traffic), the CPU seconds of every
+  worker per step (all its threads: `time.process_time`) and their sum
+  divided by the machine's cores (the step time the CPU alone would need
+  if the workers never waited on each other), and the link's floor (the
+  busiest worker's bytes at the link's rate).
 
-  python benchmarks/multi_worker_link.py                      # full table
-  python benchmarks/multi_worker_link.py --rates 100mbit --steps 5
-  python benchmarks/multi_worker_link.py --num_workers 4 --rates 100mbit
+With `--unlimited`, every method also runs without a bandwidth limit at
+each P (compute, encode and decode only: what compression cannot remove).
+A compressed method stops with an error if its step counter (`step` of
+`compression_stats()`) did not advance once per step, i.e. if a timed
+gradient all-reduce went uncompressed.
 
-`--loopback` skips the namespaces (no root, no shaping: the workers listen on
-127.0.0.1) to check the script:
+Needs root (network namespaces); everything it creates is removed after
+each P (also on errors, Ctrl-C, SIGTERM and SIGHUP), and every launch is
+bounded by `--timeout`. Run:
 
-  python benchmarks/multi_worker_link.py --loopback --steps 2 --warmup 1
+  python benchmarks/multi_worker_link.py                 # P = 2 4 8, 100mbit
+  python benchmarks/multi_worker_link.py --num_workers 2 4 \
+      --methods float32 dqsg_ag --steps 5
+  python benchmarks/multi_worker_link.py --num_workers 8 --unlimited \
+      --json /tmp/link.json
+
+`--loopback` skips the namespaces (no root, no shaping, no link counters:
+the workers listen on 127.0.0.1) to check the script:
+
+  python benchmarks/multi_worker_link.py --loopback --num_workers 2 \
+      --steps 2 --warmup 1
 """
 
 import argparse
+import inspect
 import json
 import os
 import re
+import resource
 import shlex
 import signal
 import statistics
@@ -62,7 +99,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Run as a script rather than `python -m ndq_tf.launch`, which would import
 # the ndq_tf package, and with it TensorFlow, into the launcher.
 LAUNCH = os.path.join(ROOT, "ndq_tf", "launch.py")
-METHODS = ("float32", "dqsg", "ndqsg")
+# The transport each ndq_tf method asks for (float32 is TF's own strategy).
+TRANSPORT = {
+    "float16": "all_reduce",
+    "dqsg_ag": "all_gather",
+    "dqsg_ar": "all_reduce",
+    "auto": "auto",
+    "ndqsg": "all_gather",
+}
+METHODS = ("float32",) + tuple(TRANSPORT)
+DEFAULT_METHODS = ("float32", "float16", "dqsg_ag", "dqsg_ar", "auto")
 SUBNET = "10.77.0"
 PORT = 23456
 # Worker i is 10.77.0.(i+1), the bridge has no address: at most 254 workers.
@@ -71,17 +117,100 @@ MAX_WORKERS = 254
 GRACE = 5
 # 4.99M parameters: 1024-2048-1024-768-10.
 LAYERS = (1024, 2048, 1024, 768, 10)
+# Ethernet (14) + IPv4 (20) + TCP (20) header bytes of every frame, plus 12
+# of TCP timestamp options when they are on (Linux's default).
+HEADER_BYTES = 14 + 20 + 20
+TIMESTAMP_BYTES = 12
 _RESULT = re.compile(r"^\[worker (\d+)\] RESULT (.*)$")
 
 
 # -- Worker -------------------------------------------------------------------
 
 
-def _tx_bytes(interface):
+def _link_counters(interface):
+  """This namespace's counters: its veth end's and TCP's (`/proc/net/snmp`)."""
+  counters = {"cpu_s": time.process_time()}
   if not interface:
-    return 0
-  with open(f"/sys/class/net/{interface}/statistics/tx_bytes") as f:
-    return int(f.read())
+    return counters
+  for name in ("tx_bytes", "tx_packets", "rx_bytes", "rx_packets"):
+    with open(f"/sys/class/net/{interface}/statistics/{name}") as f:
+      counters[name] = int(f.read())
+  with open("/proc/net/snmp") as f:
+    tcp = [line.split() for line in f if line.startswith("Tcp:")]
+  tcp = dict(zip(tcp[0][1:], (int(v) for v in tcp[1][1:])))
+  counters["tcp_out_segs"] = tcp["OutSegs"]
+  counters["tcp_retrans_segs"] = tcp["RetransSegs"]
+  return counters
+
+
+def _header_bytes():
+  with open("/proc/sys/net/ipv4/tcp_timestamps") as f:
+    timestamps = f.read().strip() != "0"
+  return HEADER_BYTES + (TIMESTAMP_BYTES if timestamps else 0)
+
+
+def _strategy(args):
+  """The method's strategy; None codec for TF's own."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if args.method == "float32":
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+            timeout_seconds=args.timeout))
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+  dqsg = f"dqsg:num_levels={args.dqsg_levels}"
+  kwargs = {}
+  if args.method == "float16":
+    codec = "float16"
+  elif args.method == "ndqsg":
+    codec = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)
+    kwargs = dict(reference_codec=dqsg, reference_workers=1)
+  else:
+    codec = dqsg
+  transport = TRANSPORT[args.method]
+  if "transport" in inspect.signature(
+      ndq_tf.MultiWorkerMirroredStrategy).parameters:
+    kwargs["transport"] = transport
+  elif transport != "all_gather":
+    raise RuntimeError(
+        f"--method {args.method} needs transport={transport!r}, and this "
+        "ndq_tf.MultiWorkerMirroredStrategy has no `transport` argument "
+        "(issue #11): it only all-gathers.")
+  return ndq_tf.MultiWorkerMirroredStrategy(
+      codec=codec, min_elements=256, cluster_timeout=args.timeout,
+      communication_options=tf.distribute.experimental.CommunicationOptions(
+          timeout_seconds=args.timeout), **kwargs)
+
+
+def _model_bits(strategy, method, params, num_workers):
+  """The cost model's bits per worker per step, and what it was given."""
+  from ndq_tf import theory  # pylint: disable=g-import-not-at-top
+  if method == "float32":
+    bits = theory.exchange_bits(None, params, num_workers, "float32_ring")
+    return bits, {"transport": "float32_ring", "compressed_elements": params,
+                  "lossless_elements": 0}
+  stats = strategy.compression_stats()
+  transport = stats["transport"]
+  n = int(stats["compressed_elements"])
+  lossless = int(stats["lossless_elements"])
+  codecs = strategy.options.sender_codecs(num_workers)
+  if transport in ("float32_ring", "float16_ring"):
+    bits = theory.exchange_bits(None, n, num_workers, transport)
+  else:
+    bits = theory.exchange_bits(codecs, n, num_workers, transport)
+  # The small tensors of the same call: TF's lossless float32 ring.
+  bits += theory.ring_all_reduce_bits(32 * lossless, num_workers)
+  auto = theory.auto_transport(codecs, n, num_workers)
+  return bits, {"transport": transport, "compressed_elements": n,
+                "lossless_elements": lossless, "auto_transport": auto,
+                "sent_bits": int(stats["sent_bits"]),
+                "payload_bits": int(stats["payload_bits"]),
+                # The strategy's own count by the same model, if it has one.
+                "link_bits": int(stats.get("link_bits", -1)),
+                "compressed_exchanges": int(stats["step"]),
+                "uncompressed_gradient_reductions":
+                    int(stats["uncompressed_gradient_reductions"]),
+                "lossless_fallbacks": int(stats["lossless_fallbacks"])}
 
 
 def run_worker(args):
@@ -89,37 +218,19 @@ def run_worker(args):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.config.threading.set_intra_op_parallelism_threads(args.threads)
   tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-  compressed = args.method != "float32"
-  if not compressed:
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING,
-            timeout_seconds=args.timeout))
-  else:
-    import ndq_tf  # pylint: disable=g-import-not-at-top
-    from ndq_tf.distribute import multi_worker  # pylint: disable=g-import-not-at-top
-    kwargs = {}
-    dqsg = ndq_tf.DitheredCodec(num_levels=args.dqsg_levels)
-    if args.method == "dqsg":
-      codec = dqsg
-    else:
-      codec = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)
-      kwargs = dict(reference_codec=dqsg, reference_workers=1)
-    strategy = multi_worker.MultiWorkerMirroredStrategy(
-        codec=codec, min_elements=256, cluster_timeout=args.timeout,
-        communication_options=tf.distribute.experimental.CommunicationOptions(
-            timeout_seconds=args.timeout), **kwargs)
+  strategy = _strategy(args)
   import keras  # pylint: disable=g-import-not-at-top
   keras.utils.set_random_seed(0)
+  layers = args.layers
   per_replica = args.batch_size // strategy.num_replicas_in_sync
-  x = tf.random.stateless_normal([per_replica, LAYERS[0]], seed=[1, 2])
-  y = tf.random.stateless_uniform([per_replica], seed=[3, 4], maxval=10,
-                                  dtype=tf.int32)
+  x = tf.random.stateless_normal([per_replica, layers[0]], seed=[1, 2])
+  y = tf.random.stateless_uniform([per_replica], seed=[3, 4],
+                                  maxval=layers[-1], dtype=tf.int32)
   with strategy.scope():
     model = keras.Sequential(
-        [keras.Input((LAYERS[0],))] +
-        [keras.layers.Dense(n, activation="relu") for n in LAYERS[1:-1]] +
-        [keras.layers.Dense(LAYERS[-1])])
+        [keras.Input((layers[0],))] +
+        [keras.layers.Dense(n, activation="relu") for n in layers[1:-1]] +
+        [keras.layers.Dense(layers[-1])])
     optimizer = keras.optimizers.SGD(learning_rate=0.01)
   loss_fn = keras.losses.SparseCategoricalCrossentropy(
       from_logits=True, reduction="sum")
@@ -138,38 +249,40 @@ def run_worker(args):
   # Every worker gets the same command line: its interface is named after
   # its task index.
   task_id = strategy.cluster_resolver.task_id
+  num_workers = strategy.num_replicas_in_sync
   interface = args.interface and args.interface.format(index=task_id)
   for _ in range(args.warmup):
     float(train_step())
   times = []
-  tx0 = _tx_bytes(interface)
+  before = _link_counters(interface)
   for _ in range(args.steps):
     start = time.perf_counter()
     float(train_step())
     times.append(time.perf_counter() - start)
-  tx = _tx_bytes(interface) - tx0
+  after = _link_counters(interface)
+  per_step = {k: (after[k] - before[k]) / args.steps for k in after}
+  model_bits, model = _model_bits(strategy, args.method, params, num_workers)
   result = {
       "method": args.method,
       "worker": task_id,
+      "num_workers": num_workers,
       "params": params,
       "median_step_s": statistics.median(times),
       "step_times_s": [round(t, 4) for t in times],
-      "tx_bytes_per_step": tx / args.steps,
-      "float32_bytes": 4 * params,
+      "per_step": per_step,
+      "header_bytes": _header_bytes() if interface else None,
+      "model_bytes": model_bits / 8,
+      "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      **model,
   }
-  if compressed:
-    # This worker's last exchange (ndq_tf.distribute.telemetry): its framed
-    # payload and the small tensors it sent losslessly beside it. The
-    # optimizer's gradient all-reduce is compressed by default, one
+  if args.method != "float32":
+    # The optimizer's gradient all-reduce is compressed by default, one
     # exchange per step: fewer would mean a timed lossless all-reduce.
-    stats = strategy.compression_stats()
-    if stats["step"] != args.warmup + args.steps:
+    if model["compressed_exchanges"] != args.warmup + args.steps:
       raise RuntimeError(
-          f"{stats['step']} compressed exchanges in "
+          f"{model['compressed_exchanges']} compressed exchanges in "
           f"{args.warmup + args.steps} steps: the gradient all-reduce was "
           "not compressed every step.")
-    result["compressed_exchanges"] = stats["step"]
-    result["payload_bytes"] = stats["sent_bits"] // 8
   print("RESULT " + json.dumps(result), flush=True)
   return 0
 
@@ -194,7 +307,7 @@ class Network:
   `ndq{tag}w{i}` with the address 10.77.0.(i+1) on `vw{tag}_{i}`; its peer
   `vb{tag}_{i}` is a port of the bridge `br0` in namespace `ndq{tag}br`.
   Both ends of each pair are shaped, so each worker's link is limited in
-  both directions, as NETWORK_BENCH.md sets it up.
+  both directions; both carry frames of at most one MTU (`gso_max_segs 1`).
 
   `create` may fail half-way (e.g. on a name another run holds); `remove`
   deletes what `create` made, only that, and never raises: call it in a
@@ -231,6 +344,10 @@ class Network:
       _sh("ip", "-n", ns, "link", "set", vw, "up")
       _sh("ip", "-n", self.bridge_ns, "link", "set", vb, "master", "br0")
       _sh("ip", "-n", self.bridge_ns, "link", "set", vb, "up")
+      # One MTU per frame, as on an Ethernet: otherwise TCP hands the veth
+      # 64 KB segments, counted with one header each.
+      _sh("ip", "-n", ns, "link", "set", vw, "gso_max_segs", "1")
+      _sh("ip", "-n", self.bridge_ns, "link", "set", vb, "gso_max_segs", "1")
 
   def _ends(self):
     """(namespace, device) of both ends of every worker's link."""
@@ -259,7 +376,7 @@ class Network:
     self._namespaces, self._pairs = [], []
 
 
-def _launch_command(args, method, net):
+def _launch_command(args, method, num_workers, net):
   """The `ndq_tf.launch` command line of one method's workers."""
   cmd = [sys.executable, LAUNCH, "--timeout", str(args.timeout), "--grace",
          str(GRACE)]
@@ -267,9 +384,10 @@ def _launch_command(args, method, net):
             "--method", method, "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--batch_size", str(args.batch_size),
             "--threads", str(args.threads), "--timeout", str(args.timeout),
-            "--dqsg_levels", str(args.dqsg_levels)]
+            "--dqsg_levels", str(args.dqsg_levels),
+            "--layers", *map(str, args.layers)]
   if net is None:
-    cmd += ["--num_workers", str(args.num_workers)]
+    cmd += ["--num_workers", str(num_workers)]
   else:
     cmd += ["--hosts", ",".join(net.addresses), "--port", str(PORT),
             "--worker_prefix",
@@ -290,13 +408,18 @@ def _stop(proc):
     proc.wait()
 
 
-def _run_workers(args, method, net):
+class WorkerError(RuntimeError):
+  """A launch whose workers did not all report."""
+
+
+def _run_workers(args, method, num_workers, net):
   """Runs the workers of one method; returns their RESULT dicts by index."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
              PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  proc = subprocess.Popen(_launch_command(args, method, net), env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, text=True)
+  proc = subprocess.Popen(_launch_command(args, method, num_workers, net),
+                          env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                          text=True, start_new_session=True)
   try:
     # The launcher stops the workers after --timeout; this bounds the
     # launcher itself.
@@ -307,143 +430,346 @@ def _run_workers(args, method, net):
   except BaseException:  # Ctrl-C, SIGTERM: stop the workers first.
     _stop(proc)
     raise
+  if args.log:
+    with open(args.log, "a") as f:
+      f.write(f"==== P={num_workers} {method}\n{output}\n")
   results = {}
   for line in output.splitlines():
     match = _RESULT.match(line)
     if match:
       results[int(match.group(1))] = json.loads(match.group(2))
-  if proc.returncode != 0 or len(results) != args.num_workers:
-    tail = "\n".join(output.splitlines()[-30:])
-    raise RuntimeError(
-        f"{method}: the launcher exited with {proc.returncode} and "
-        f"{len(results)} of {args.num_workers} workers reported:\n{tail}")
+  if proc.returncode != 0 or len(results) != num_workers:
+    tail = "\n".join(output.splitlines()[-25:])
+    raise WorkerError(
+        f"{method}, {num_workers} workers: the launcher exited with "
+        f"{proc.returncode} and {len(results)} of {num_workers} workers "
+        f"reported:\n{tail}")
   return [results[i] for i in sorted(results)]
 
 
-def _raise_on_sigterm(signum, frame):
+def _rate_bits_per_second(rate):
+  """`"100mbit"` -> 1e8 (tc's decimal units); None for no limit."""
+  match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate or "")
+  if not match:
+    return None
+  return float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6,
+                                  "g": 1e9}[match.group(2)]
+
+
+def _summarize(results, rate):
+  """One table row from the workers' RESULT dicts."""
+  first = results[0]
+  per_step = [r["per_step"] for r in results]
+  row = {
+      "num_workers": first["num_workers"],
+      "rate": rate,
+      "method": first["method"],
+      "transport": first["transport"],
+      "auto_transport": first.get("auto_transport"),
+      "params": first["params"],
+      "compressed_elements": first["compressed_elements"],
+      "lossless_elements": first["lossless_elements"],
+      "sent_bits": first.get("sent_bits"),
+      "link_bits": first.get("link_bits"),
+      "step_s": max(r["median_step_s"] for r in results),
+      "worker_median_step_s": [r["median_step_s"] for r in results],
+      "model_bytes": first["model_bytes"],
+      "cpu_s_per_worker": [p["cpu_s"] for p in per_step],
+      "cpu_s_sum": sum(p["cpu_s"] for p in per_step),
+      "max_rss_mb": max(r["max_rss_mb"] for r in results),
+  }
+  row["cpu_floor_s"] = row["cpu_s_sum"] / os.cpu_count()
+  if (row["link_bits"] or -1) >= 0:
+    row["telemetry_over_model"] = row["link_bits"] / 8 / row["model_bytes"]
+  if "tx_bytes" in per_step[0]:
+    tx = [p["tx_bytes"] for p in per_step]
+    rx = [p["rx_bytes"] for p in per_step]
+    headers = [p["tx_packets"] * first["header_bytes"] for p in per_step]
+    row.update(
+        tx_bytes=statistics.mean(tx), tx_bytes_per_worker=tx,
+        tx_bytes_min=min(tx), tx_bytes_max=max(tx),
+        rx_bytes=statistics.mean(rx),
+        header_bytes=statistics.mean(headers),
+        retrans_segs=statistics.mean(p["tcp_retrans_segs"] for p in per_step),
+        out_segs=statistics.mean(p["tcp_out_segs"] for p in per_step),
+        tx_packets=statistics.mean(p["tx_packets"] for p in per_step))
+    # TCP payload beyond the model: gRPC framing, RPC requests, control.
+    row["beyond_model_bytes"] = (row["tx_bytes"] - row["header_bytes"]
+                                 - row["model_bytes"])
+    row["measured_over_model"] = row["tx_bytes"] / row["model_bytes"]
+    bps = _rate_bits_per_second(rate)
+    if bps:
+      row["link_floor_s"] = max(max(tx), max(rx)) * 8 / bps
+  return row
+
+
+# Per-run numbers that `_merge` averages over the repeats of a method.
+_MEAN_KEYS = ("tx_bytes", "rx_bytes", "header_bytes", "retrans_segs",
+              "out_segs", "tx_packets", "beyond_model_bytes",
+              "measured_over_model", "link_floor_s", "cpu_s_sum",
+              "cpu_floor_s", "tx_bytes_min", "tx_bytes_max")
+
+
+def _merge(runs):
+  """One row from the repeats of one method: the median of their step times.
+
+  Bytes, CPU and floors are their means over the repeats; every repeat's
+  step time is kept (`step_s_runs`).
+  """
+  good = [r for r in runs if not r.get("error")]
+  if not good:
+    return runs[0]
+  row = dict(good[0])
+  row["step_s_runs"] = [r["step_s"] for r in good]
+  row["step_s"] = statistics.median(row["step_s_runs"])
+  row["failed_runs"] = len(runs) - len(good)
+  for key in _MEAN_KEYS:
+    if key in row:
+      row[key] = statistics.mean(r[key] for r in good)
+  row["cpu_s_per_worker"] = [
+      statistics.mean(c) for c in zip(*(r["cpu_s_per_worker"] for r in good))]
+  return row
+
+
+def _raise_on_signal(signum, frame):
   del frame
   raise SystemExit(128 + signum)  # so that `finally` removes the namespaces
 
 
+def _ms(seconds):
+  return "–" if seconds is None else f"{seconds * 1000:.0f}"
+
+
+def _times(ratio):
+  return "–" if ratio is None else f"{ratio:.2f}×"
+
+
+def _print_tables(table, args):
+  nan = None
+  print("\n| P | link | method | transport | median step (ms) | "
+        "vs float32 | vs fp16 | measured B/worker/step | model B | "
+        "measured / model |")
+  print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|")
+  for row in table:
+    if row.get("error"):
+      print(f"| {row['num_workers']} | {row['rate'] or 'none'} | "
+            f"{row['method']} | error | – | – | – | – | – | – |")
+      continue
+    measured = row.get("tx_bytes")
+    print(f"| {row['num_workers']} | {row['rate'] or 'none'} | "
+          f"{row['method']} | {row['transport']} | {_ms(row['step_s'])}"
+          + ("" if len(row.get("step_s_runs", ())) < 2 else
+             " (" + " / ".join(map(_ms, row["step_s_runs"])) + ")")
+          + f" | {_times(row.get('vs_float32', nan))} | "
+          f"{_times(row.get('vs_float16', nan))} | "
+          + ("–" if measured is None else f"{measured:,.0f}") +
+          f" | {row['model_bytes']:,.0f} | "
+          + ("–" if measured is None else f"{row['measured_over_model']:.3f}")
+          + " |")
+  print("\nBreakdown per worker and step (means over the workers): frame "
+        "headers, retransmitted segments, TCP payload beyond the model "
+        "(gRPC framing, RPC requests, control traffic), CPU seconds of one "
+        f"worker and the CPU floor (all workers' CPU / {os.cpu_count()} "
+        "cores), the link floor (busiest worker's bytes at the rate), the "
+        "step without a bandwidth limit (--unlimited).\n")
+  print("| P | method | headers B | retrans segs | beyond model B | "
+        "CPU ms/worker | CPU floor ms | link floor ms | no-limit step ms | "
+        "median step ms |")
+  print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+  unlimited = {(r["num_workers"], r["method"]): r["step_s"] for r in table
+               if r["rate"] is None and not r.get("error")}
+  for row in table:
+    if row.get("error") or row["rate"] is None or "tx_bytes" not in row:
+      continue
+    print(f"| {row['num_workers']} | {row['method']} | "
+          f"{row['header_bytes']:,.0f} | {row['retrans_segs']:.1f} | "
+          f"{row['beyond_model_bytes']:,.0f} | "
+          f"{_ms(statistics.mean(row['cpu_s_per_worker']))} | "
+          f"{_ms(row['cpu_floor_s'])} | {_ms(row.get('link_floor_s'))} | "
+          f"{_ms(unlimited.get((row['num_workers'], row['method'])))} | "
+          f"{_ms(row['step_s'])} |")
+
+
+def _check_goals(table):
+  """The issue's goals, as lines to print: the largest P's speed-ups, bytes."""
+  lines = []
+  shaped = [r for r in table if r["rate"] is not None and not r.get("error")]
+  if not shaped:
+    return lines
+  top = max(r["num_workers"] for r in shaped)
+  for row in shaped:
+    if row["method"] == "auto" and row["num_workers"] == top:
+      for key, goal in (("vs_float32", 4.0), ("vs_float16", 2.0)):
+        if row.get(key) is not None:
+          lines.append(
+              f"P={top} {row['rate']} auto {key}: {row[key]:.2f}x (goal "
+              f">= {goal:g}x): {'met' if row[key] >= goal else 'MISSED'}")
+  for row in shaped:
+    ratio = row.get("measured_over_model")
+    if ratio is not None:
+      lines.append(
+          f"P={row['num_workers']} {row['rate']} {row['method']}: measured/"
+          f"model {ratio:.3f} (goal within 10%): "
+          f"{'met' if abs(ratio - 1) <= 0.10 else 'MISSED'}")
+  return lines
+
+
 def run_driver(args):
-  """Runs every (rate, method), prints the table; returns the exit code."""
+  """Runs every (P, rate, method), prints the tables; returns the exit code."""
   if not args.loopback and os.geteuid() != 0:
     print("multi_worker_link.py needs root for network namespaces; "
           "--loopback runs without them.", file=sys.stderr)
     return 2
-  signal.signal(signal.SIGTERM, _raise_on_sigterm)
-  rates = args.rates if not args.loopback else ["loopback"]
-  table = []
-  net = None if args.loopback else Network(os.getpid() % 10000,
-                                           args.num_workers)
-  free_step = None
-  try:
-    if net is not None:
-      net.create()
-    # The float32 step without a bandwidth limit: compute and framework time,
-    # the part of a step that compression cannot shorten.
-    if "float32" in args.methods and net is not None:
-      net.shape(None)
-      free = _run_workers(args, "float32", net)
-      free_step = max(r["median_step_s"] for r in free)
-      print(f"{'unlimited':>8}  float32: median step {free_step * 1000:8.1f} "
-            "ms", flush=True)
-    for rate in rates:
+  for signum in (signal.SIGTERM, signal.SIGHUP):
+    signal.signal(signum, _raise_on_signal)
+  rates = list(args.rates) if not args.loopback else ["loopback"]
+  if args.unlimited and not args.loopback:
+    rates.append(None)
+  table, failed = [], False
+  print(f"load average at start: {os.getloadavg()}", flush=True)
+  for num_workers in args.num_workers:
+    net = None if args.loopback else Network(os.getpid() % 10000,
+                                             num_workers)
+    try:
       if net is not None:
-        net.shape(rate)
-      rows = {}
-      for method in args.methods:
-        results = _run_workers(args, method, net)
-        step = max(r["median_step_s"] for r in results)
-        tx = statistics.mean(r["tx_bytes_per_step"] for r in results)
-        rows[method] = dict(step=step, tx=tx, params=results[0]["params"],
-                            payload=results[0].get("payload_bytes"),
-                            float32_bytes=results[0]["float32_bytes"])
-        exchanges = results[0].get("compressed_exchanges")
-        print(f"{rate:>8} {method:>8}: median step {step * 1000:8.1f} ms, "
-              f"tx {tx / 1e6:8.3f} MB/step/worker"
-              + ("" if exchanges is None else
-                 f", {exchanges} compressed exchanges"), flush=True)
-      base = rows.get("float32")
-      for method, row in rows.items():
-        row.update(rate=rate, method=method)
-        if base:
-          row["speedup"] = base["step"] / row["step"]
-          if row["tx"] > 0:
-            ratio = base["tx"] / row["tx"]
-            row["bytes_ratio"] = ratio
-            if free_step is not None:
-              # Communication time shrinks by the bytes ratio, the rest stays.
-              comm = max(base["step"] - free_step, 0.0)
-              row["ideal_speedup"] = base["step"] / (free_step + comm / ratio)
-        table.append(row)
-  finally:
-    if net is not None:
-      net.remove()
-  print()
-  print("| link | method | median step (ms) | bytes sent / step / worker | "
-        "bytes ratio | speed-up vs float32 | ideal speed-up |")
-  print("|---|---|---:|---:|---:|---:|---:|")
-  nan = float("nan")
-  for row in table:
-    print(f"| {row['rate']} | {row['method']} | {row['step'] * 1000:.1f} | "
-          f"{row['tx'] / 1e6:.3f} MB | {row.get('bytes_ratio', nan):.1f}x | "
-          f"{row.get('speedup', nan):.2f}x | "
-          f"{row.get('ideal_speedup', nan):.2f}x |")
-  if free_step is not None:
-    print(f"\nfloat32 step without a bandwidth limit: {free_step * 1000:.1f} ms."
-          " Ideal speed-up: float32 step / (that + (float32 step - that) / "
-          "bytes ratio), i.e. communication shrunk by the bytes ratio.")
-  params = table[0]["params"] if table else 0
-  payloads = ", ".join(
-      "%s=%d B" % (r["method"], r["payload"]) for r in table
-      if r["payload"] and r["rate"] == table[0]["rate"])
-  print(f"\nmodel: {params} parameters ({4 * params / 1e6:.1f} MB of float32 "
-        f"gradient), {args.num_workers} workers; compressed exchange per "
-        f"worker and step (framed payload and the small tensors sent "
-        f"losslessly: sent_bits / 8): {payloads}")
+        net.create()
+      for rate in rates:
+        if net is not None:
+          net.shape(rate)
+        runs = {}
+        for repeat in range(args.repeats):
+          # Alternate the order, so that a drift in the machine's load
+          # does not favour the methods run first.
+          order = args.methods if repeat % 2 == 0 else args.methods[::-1]
+          for method in order:
+            label = rate or "no limit"
+            try:
+              results = _run_workers(args, method, num_workers, net)
+            except WorkerError as e:
+              failed = True
+              print(f"P={num_workers} {label:>8} {method:>8}: FAILED\n{e}",
+                    flush=True)
+              runs.setdefault(method, []).append(
+                  dict(num_workers=num_workers, rate=rate, method=method,
+                       error=str(e)))
+              continue
+            row = _summarize(results, rate)
+            runs.setdefault(method, []).append(row)
+            measured = row.get("tx_bytes")
+            print(f"P={num_workers} {label:>8} {method:>8} "
+                  f"({row['transport']}): median step "
+                  f"{row['step_s'] * 1000:8.1f} ms, "
+                  + ("" if measured is None else
+                     f"tx {measured / 1e6:7.3f} MB/step/worker "
+                     f"(model {row['model_bytes'] / 1e6:7.3f} MB, "
+                     f"x{row['measured_over_model']:.3f}), ")
+                  + f"CPU {statistics.mean(row['cpu_s_per_worker']):.3f} "
+                  f"s/worker, load {os.getloadavg()[0]:.1f}", flush=True)
+            agree = row.get("telemetry_over_model")
+            if agree is not None and abs(agree - 1) > 1e-3:
+              print(f"  NOTE: compression_stats()['link_bits'] / 8 = "
+                    f"{row['link_bits'] / 8:,.0f} B, {agree:.4f}x the "
+                    f"model's {row['model_bytes']:,.0f} B", flush=True)
+        rows = {m: _merge(runs[m]) for m in args.methods if m in runs}
+        for row in rows.values():
+          for base in ("float32", "float16"):
+            if (not row.get("error") and base in rows
+                and not rows[base].get("error")):
+              row[f"vs_{base}"] = rows[base]["step_s"] / row["step_s"]
+          table.append(row)
+    finally:
+      if net is not None:
+        net.remove()
+    if args.json:  # after every P, so that a later failure keeps these
+      _write_json(args, table)
+  table.sort(key=lambda r: (r["num_workers"], r["rate"] is None))
+  _print_tables(table, args)
+  goals = _check_goals(table)
+  if goals:
+    print()
+    print("\n".join(goals))
+  if table:
+    first = next((r for r in table if not r.get("error")), None)
+    if first:
+      print(f"\nmodel: {first['params']} parameters "
+            f"({4 * first['params'] / 1e6:.2f} MB of float32 gradient), "
+            f"layers {'-'.join(map(str, args.layers))}, global batch "
+            f"{args.batch_size}; largest worker RSS "
+            f"{max(r.get('max_rss_mb', 0) for r in table):.0f} MB.")
+  print(f"load average at end: {os.getloadavg()}")
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump(table, f, indent=1)
-  return 0
+    _write_json(args, table)
+  return 1 if failed else 0
+
+
+def _write_json(args, table):
+  with open(args.json, "w") as f:
+    json.dump(dict(args=vars(args), cores=os.cpu_count(),
+                   load_average=os.getloadavg(), table=table), f, indent=1)
 
 
 def main():
   p = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"],
-                 help="tbf rates of the link (default: 100mbit 1gbit).")
-  p.add_argument("--num_workers", type=int, default=2,
-                 help=f"Worker processes, 2 to {MAX_WORKERS} (default: 2), "
-                      "each in its own namespace on the bridge.")
-  p.add_argument("--methods", nargs="+", default=list(METHODS),
-                 choices=METHODS, help="Methods to compare.")
+  p.add_argument("--num_workers", type=int, nargs="+", default=[2, 4, 8],
+                 help=f"Worker counts P to run, each 2 to {MAX_WORKERS} "
+                      "(default: 2 4 8), each worker in its own namespace "
+                      "on the bridge.")
+  p.add_argument("--rates", nargs="+", default=["100mbit"],
+                 help="tbf rates of every link (default: 100mbit).")
+  p.add_argument("--unlimited", action="store_true",
+                 help="Also run every method without a bandwidth limit.")
+  p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
+                 choices=METHODS,
+                 help=f"Methods to compare (default: "
+                      f"{' '.join(DEFAULT_METHODS)}).")
+  p.add_argument("--repeats", type=int, default=1,
+                 help="Launches of every method per (P, rate), in "
+                      "alternating order; the table has the median of their "
+                      "step times (default: 1).")
   p.add_argument("--steps", type=int, default=10, help="Timed steps.")
   p.add_argument("--warmup", type=int, default=3, help="Untimed steps.")
   p.add_argument("--batch_size", type=int, default=64, help="Global batch.")
+  p.add_argument("--layers", type=int, nargs="+", default=list(LAYERS),
+                 help="Widths of the MLP, input first (default: "
+                      f"{' '.join(map(str, LAYERS))}: 4.99M parameters).")
   p.add_argument("--dqsg_levels", type=int, default=1,
-                 help="DitheredCodec num_levels M (2M+1 symbols) of dqsg and "
-                      "of ndqsg's reference worker.")
+                 help="DitheredCodec num_levels M (2M+1 symbols) of the "
+                      "dqsg methods and of ndqsg's reference worker.")
   p.add_argument("--threads", type=int, default=1,
                  help="TF intra/inter-op threads per worker (the workers "
                       "share the machine).")
   p.add_argument("--timeout", type=float, default=300,
-                 help="Seconds the workers of one (rate, method) may run.")
+                 help="Seconds the workers of one (P, rate, method) may run.")
   p.add_argument("--loopback", action="store_true",
                  help="No namespaces or shaping: 127.0.0.1, for testing.")
   p.add_argument("--json", default=None, help="Also write the table here.")
+  p.add_argument("--log", default=None,
+                 help="Append every launch's output to this file.")
   # Worker mode (internal).
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--method", default="float32", help=argparse.SUPPRESS)
   p.add_argument("--interface", default=None, help=argparse.SUPPRESS)
   args = p.parse_args()
-  if not 2 <= args.num_workers <= MAX_WORKERS:
-    p.error(f"--num_workers must be in [2, {MAX_WORKERS}]. Received: "
-            f"{args.num_workers}")
+  for n in args.num_workers:
+    if not 2 <= n <= MAX_WORKERS:
+      p.error(f"--num_workers must be in [2, {MAX_WORKERS}]. Received: {n}")
+  if args.repeats < 1:
+    p.error(f"--repeats must be >= 1. Received: {args.repeats}")
   if args.timeout <= 0:
     p.error(f"--timeout must be > 0. Received: {args.timeout:g}")
+  if len(args.layers) < 2 or min(args.layers) < 1:
+    p.error(f"--layers must be at least two positive widths. Received: "
+            f"{args.layers}")
   if args.worker:
     return run_worker(args)
+  for rate in args.rates:
+    if _rate_bits_per_second(rate) is None:
+      p.error(f"--rates must be tc rates such as 100mbit or 1gbit. "
+              f"Received: {rate}")
+  if args.batch_size < max(args.num_workers):
+    p.error(f"--batch_size must be at least the largest --num_workers "
+            f"({max(args.num_workers)}). Received: {args.batch_size}")
   return run_driver(args)
 
 
