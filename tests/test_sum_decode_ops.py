@@ -1,11 +1,8 @@
 """Summing real encodes in integer lanes, and decoding the sum once.
 
 The workers encode with one shared scale per bucket (the max over workers of
-their own scales). The codec API has no public way to encode with a given
-scale yet, so `_encode_shared` calls the bucketed codecs' own quantizer hook
-(`_quantize(buckets, scales, seed)`, the function `encode` runs after
-computing its scales) and symbol offset (`_offset`): the codes are exactly
-the codecs', only the scale is imposed.
+their own scales), through the codecs' public `bucket_scales` and
+`encode_symbols`, as the all-reduce transport does.
 """
 
 import math
@@ -17,7 +14,6 @@ import tensorflow as tf
 import ndq_tf
 from ndq_tf import ops
 from ndq_tf import theory
-from ndq_tf.codecs import base
 
 _BASE_SEED = [7, 0x4E445154]
 
@@ -43,16 +39,14 @@ def _encode_shared(codec, grads, seeds):
 
   Returns:
     `(scales, symbols)`: `[B]` float32 shared scales (max over workers of
-    their `bucket_scales`) and a list of `[n]` int32 symbol vectors
+    their `bucket_scales`) and a list of `[n]` symbol vectors
     (codes + offset).
   """
-  n = grads.shape[1]
-  xbs = [base.to_buckets(tf.constant(g), codec.bucket_size) for g in grads]
+  flats = [tf.constant(g) for g in grads]
   scales = tf.reduce_max(
-      tf.stack([base.bucket_scales(xb, codec._norm) for xb in xbs]), axis=0)
-  symbols = [
-      base.from_buckets(codec._quantize(xb, scales, seeds[p]), n)
-      + codec._offset for p, xb in enumerate(xbs)]
+      tf.stack([codec.bucket_scales(x) for x in flats]), axis=0)
+  symbols = [tf.cast(codec.encode_symbols(x, seeds[p], scales), tf.int32)
+             for p, x in enumerate(flats)]
   return scales, symbols
 
 
