@@ -1,0 +1,694 @@
+r"""Where one training step's time goes: a profiler timeline, by phase.
+
+Trains an MLP with `strategy.run` + `optimizer.apply_gradients` on logical
+CPU replicas (default 4, as benchmarks/mirrored_step.py), traces `--steps`
+steps with TensorFlow's profiler (`tf.profiler.experimental.start`/`stop`),
+reads the `.xplane.pb` it writes, and draws the step of median length as a
+timeline (`--out`, a PNG): one row per device (a device's ops that run at the
+same time, on several of TF's threads, get a lane each), every op a bar
+coloured by its phase:
+
+* `forward`, `backward` (ops under `gradient_tape/` or `gradients/`),
+  `optimizer update` (under the optimizer's name scope, e.g. `sgd/`);
+* `encode`, `exchange`, `decode`, `sum`: the compressed all-reduce, from the
+  engine's name scopes `ndq_encode`, `ndq_exchange`, `ndq_decode`, `ndq_sum`,
+  each optionally inside `ndq_chunk<k>` when the exchange is split in chunks
+  (the chunk index is written on the bars and hatched). Without those scopes
+  the codec's XLA functions (`_quantize_stage`, `_pack_stage` /
+  `_unpack_stage`, `_dequantize_stage`) still count as encode and decode,
+  TF's collectives (`CollectiveReduceV2`, `CollectiveGatherV2`, NCCL) as
+  exchange;
+* `other`: everything else (input pipeline, loss reduction, step counters).
+
+A profiler trace holds ops by name and thread, not by device: the device of
+each op comes from the partitioned graphs of the step function (run metadata
+of its first call, when TF places and partitions it).
+
+Printed: ms per phase per device of the drawn step (sums of op durations:
+ops of one device overlap when TF runs them on several threads, so a row can
+exceed the step), and the fraction of the exchange's time that overlaps the
+encoding or decoding of another chunk (0 when the exchange is not split).
+
+`--strategy=multi_worker` starts `--num_workers` one-CPU workers through
+`ndq_tf.launch` (the script again, in each); worker 0 traces and draws, the
+others run the same steps.
+
+Example:
+
+  python benchmarks/step_breakdown.py --codec=dqsg:num_levels=1 \
+      --out=docs/step_breakdown_mirrored_dqsg.png
+  python benchmarks/step_breakdown.py --codec=tf \
+      --out=docs/step_breakdown_mirrored_tf.png
+  python benchmarks/step_breakdown.py --strategy=multi_worker \
+      --out=docs/step_breakdown_multi_worker_dqsg.png
+"""
+
+import collections
+import glob
+import os
+import re
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+from absl import logging
+import numpy as np
+
+import common  # benchmarks/common.py, next to this script
+
+_STRATEGY = flags.DEFINE_enum(
+    "strategy", "mirrored", ["mirrored", "multi_worker"],
+    "mirrored: ndq_tf.MirroredStrategy (or TF's, --codec=tf) on --replicas "
+    "logical CPU devices. multi_worker: ndq_tf.MultiWorkerMirroredStrategy "
+    "(or TF's) on --num_workers local worker processes of one CPU each, "
+    "started by ndq_tf.launch; worker 0 traces and draws.")
+_NUM_WORKERS = flags.DEFINE_integer(
+    "num_workers", 2, "--strategy=multi_worker: worker processes.")
+_TIMEOUT = flags.DEFINE_float(
+    "timeout", 600, "--strategy=multi_worker: seconds before the launcher "
+    "stops the job.")
+_CODEC = flags.DEFINE_string(
+    "codec", "dqsg:num_levels=1",
+    "ndq_tf codec spec, as for ndq_tf.codecs.get (float32 is ndq_tf's "
+    "Float32Codec through the engine), or 'tf': TensorFlow's own "
+    "MirroredStrategy with its default all-reduce, the baseline.")
+_TRANSPORT = flags.DEFINE_string(
+    "transport", None,
+    "ndq_tf strategies' transport= ('auto', 'all_gather', 'all_reduce'); "
+    "default the strategy's.")
+_REPLICAS = flags.DEFINE_integer("replicas", 4, "Logical CPU replicas.")
+_STEPS = flags.DEFINE_integer(
+    "steps", 5, "Traced steps; the one of median length is drawn.")
+_WARMUP = flags.DEFINE_integer(
+    "warmup", 3, "Untraced steps first (tracing, compilation).")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Global batch size.")
+_LAYERS = flags.DEFINE_list("layers", ["784", "1024", "512", "10"],
+                            "MLP layer widths, input first.")
+_OUT = flags.DEFINE_string(
+    "out", os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
+                        "docs", "step_breakdown_mirrored_dqsg.png"),
+    "Where the PNG timeline goes.")
+_LOGDIR = flags.DEFINE_string(
+    "logdir", None,
+    "Where the profiler writes its trace (also for TensorBoard); default a "
+    "temporary directory, removed at the end.")
+
+#: Phases in drawing order, with their colours.
+PHASES = collections.OrderedDict([
+    ("forward", "#4c72b0"),
+    ("backward", "#55a868"),
+    ("encode", "#dd8452"),
+    ("exchange", "#c44e52"),
+    ("decode", "#8172b3"),
+    ("sum", "#937860"),
+    ("optimizer update", "#da8bc3"),
+    ("other", "#bbbbbb"),
+])
+
+# A scope of the engine, with the `_<n>` TF appends to a repeated scope name.
+_NDQ_SCOPE = re.compile(r"(?:^|/)ndq_(encode|exchange|decode|sum)(?:_\d+)?/")
+_NDQ_CHUNK = re.compile(r"(?:^|/)ndq_chunk(\d+)(?:_\d+)?/")
+_COLLECTIVES = {"CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3",
+                "CollectiveGather", "CollectiveGatherV2",
+                "CollectiveAllToAllV2", "CollectiveAllToAllV3",
+                "CollectiveBcastSend", "CollectiveBcastRecv",
+                "CollectiveBcastSendV2", "CollectiveBcastRecvV2",
+                "NcclAllReduce", "NcclReduce", "NcclBroadcast"}
+_TRANSFERS = {"_Send", "_Recv", "_HostSend", "_HostRecv"}
+_BACKWARD = re.compile(r"(?:^|/)(?:gradient_tape|gradients)(?:_\d+)?/")
+_STEP_MARKER = "step_breakdown_step"
+# The executor's event of one kernel: `node name:op type`; an asynchronous
+# kernel's, with its name and type in the event's stats.
+_ASYNC_START = "ExecutorState::ProcessAsync::Start"
+_OP_EVENT = re.compile(r"^([^:\s][^:]*):([A-Za-z_][A-Za-z0-9_]*)$")
+
+#: One op execution: its node name and type, device, thread, phase, chunk
+#: (None outside `ndq_chunk<k>`), start and end in ms from the step's start.
+Op = collections.namedtuple(
+    "Op", ["name", "type", "device", "thread", "phase", "chunk", "start",
+           "end"])
+
+
+# -- The graph: which device runs which op --------------------------------------
+
+
+def op_placement(run_metadata):
+  """Maps node names of the partitioned graphs to `(device, type, function)`.
+
+  Args:
+    run_metadata: a `RunMetadata` proto exported after the step function's
+      first call (its `function_graphs` hold the graphs as partitioned).
+
+  Returns:
+    A dict from node name to `(short device name, op type, name of the
+    function it calls or "")`.
+  """
+  placement = {}
+  graphs = list(run_metadata.partition_graphs)
+  for function_graph in run_metadata.function_graphs:
+    graphs.extend(function_graph.partition_graphs)
+  for graph in graphs:
+    for node in graph.node:
+      function = node.attr["f"].func.name if "f" in node.attr else ""
+      placement[node.name] = (_short_device(node.device), node.op, function)
+  return placement
+
+
+def _short_device(device):
+  """`CPU:1` from `/job:localhost/replica:0/task:0/device:CPU:1`."""
+  match = re.search(r"device:([^/]+)$", device or "")
+  return match.group(1) if match else (device or "?")
+
+
+# -- The trace ------------------------------------------------------------------
+
+
+def read_xspace(logdir):
+  """The `XSpace` of the newest `.xplane.pb` under `logdir`."""
+  # The only way into the profiler's output from Python in TF 2.21: the
+  # public API writes it, TSL's generated protobuf module reads it.
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
+  files = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"),
+                           recursive=True), key=os.path.getmtime)
+  if not files:
+    raise FileNotFoundError(f"No .xplane.pb under {logdir!r}.")
+  space = xplane_pb2.XSpace()
+  with open(files[-1], "rb") as f:
+    space.ParseFromString(f.read())
+  return space
+
+
+def _host_plane(space):
+  for plane in space.planes:
+    if plane.name == "/host:CPU":
+      return plane
+  raise ValueError("The trace has no /host:CPU plane; planes: "
+                   f"{[p.name for p in space.planes]}")
+
+
+def step_windows(space):
+  """`[(start_ps, end_ps)]` of the steps marked by `traced_steps`, in order."""
+  plane = _host_plane(space)
+  windows = []
+  for line in plane.lines:
+    base = line.timestamp_ns * 1000
+    for event in line.events:
+      if plane.event_metadata[event.metadata_id].name == _STEP_MARKER:
+        start = base + event.offset_ps
+        windows.append((start, start + event.duration_ps))
+  return sorted(windows)
+
+
+def _stats(plane, event):
+  """The stats of `event` as a dict of name to value."""
+  stats = {}
+  for stat in event.stats:
+    key = plane.stat_metadata[stat.metadata_id].name
+    which = stat.WhichOneof("value")
+    if which == "ref_value":
+      stats[key] = plane.stat_metadata[stat.ref_value].name
+    elif which is not None:
+      stats[key] = getattr(stat, which)
+  return stats
+
+
+def _lookup(name, placement):
+  """`placement` of `name`, also under a call's prefix (`Call/inner/op`)."""
+  parts = name.split("/")
+  for i in range(len(parts)):
+    found = placement.get("/".join(parts[i:]))
+    if found is not None:
+      return "/".join(parts[i:]), found
+  return name, None
+
+
+def op_events(space, window, placement):
+  """The TF ops executed inside `window`, outermost per thread.
+
+  Args:
+    space: the `XSpace` of the trace.
+    window: `(start_ps, end_ps)` of one step.
+    placement: the map of `op_placement`.
+
+  Returns:
+    A list of `(name, type, device, function, thread, start_ps, end_ps)`.
+    TF's executor records each kernel as an event `name:type`, and an
+    asynchronous kernel (a `PartitionedCall`, e.g. of the codec's
+    XLA-compiled stages) as `ExecutorState::ProcessAsync::Start` with its
+    name and type as stats; an op running a function nests the function's
+    events inside its own, so only the outermost op event of each nest is
+    kept. Ops not in the partitioned graphs (the input pipeline's
+    own functions) are attributed to the device `host`.
+  """
+  plane = _host_plane(space)
+  start, end = window
+  events = []
+  for line in plane.lines:
+    base = line.timestamp_ns * 1000
+    kept_end = -1
+    for event in sorted(line.events, key=lambda e: (e.offset_ps,
+                                                    -e.duration_ps)):
+      t0 = base + event.offset_ps
+      t1 = t0 + event.duration_ps
+      if t1 <= start or t0 >= end or t0 < kept_end:
+        continue
+      label = plane.event_metadata[event.metadata_id].name
+      if label == _ASYNC_START:
+        # An asynchronous kernel (a function call, an XLA cluster: it runs
+        # the compiled computation inside this event) names itself in stats.
+        stats = _stats(plane, event)
+        name, op_type = stats.get("name"), stats.get("kernel_type")
+        if not name or not op_type:
+          continue
+      else:
+        match = _OP_EVENT.match(label)
+        if not match:  # The executor's own events, XLA's, tf.data's.
+          continue
+        name, op_type = match.groups()
+      name, found = _lookup(name, placement)
+      device, op_type, function = found or ("host", op_type, "")
+      events.append((name, op_type, device, function, line.name,
+                     max(t0, start), min(t1, end)))
+      kept_end = t1
+  return events
+
+
+# -- Phases ---------------------------------------------------------------------
+
+
+def _scope_pattern(scope):
+  """Matches name scope `scope` (or `scope_<n>`) anywhere in a node name."""
+  return re.compile(rf"(?:^|/){re.escape(scope)}(?:_\d+)?/")
+
+
+def classify(name, op_type, function, optimizer_scope, forward_scopes):
+  """The phase and chunk of one op.
+
+  Args:
+    name: its node name, e.g. `sgd/ndq_chunk1/ndq_encode/concat`.
+    op_type: its type, e.g. `ConcatV2`.
+    function: the function it calls (XLA clusters, `PartitionedCall`), or "".
+    optimizer_scope: the optimizer's name scope, e.g. `sgd`.
+    forward_scopes: the name scopes of the forward pass: the model's and the
+      loss's names (Keras scopes its ops under them).
+
+  Returns:
+    `(phase, chunk)`: a key of `PHASES` and the `k` of the innermost
+    `ndq_chunk<k>` scope around it, or None.
+  """
+  chunk = None
+  chunks = _NDQ_CHUNK.findall(name)
+  if chunks:
+    chunk = int(chunks[-1])
+  scopes = _NDQ_SCOPE.findall(name)
+  if scopes:
+    return scopes[-1], chunk
+  if op_type in _COLLECTIVES:
+    return "exchange", chunk
+  # The codec's stages are XLA-compiled functions: named even without scopes.
+  if re.search(r"_(unpack|dequantize)_stage", function):
+    return "decode", chunk
+  if re.search(r"_(pack|quantize)_stage", function):
+    return "encode", chunk
+  if _BACKWARD.search(name):
+    return "backward", chunk
+  if _scope_pattern(optimizer_scope).search(name):
+    return "optimizer update", chunk
+  if any(_scope_pattern(scope).search(name) for scope in forward_scopes):
+    return "forward", chunk
+  return "other", chunk
+
+
+def build_ops(events, window, optimizer_scope, forward_scopes):
+  """`Op`s of `op_events`, times in ms from the window's start."""
+  start = window[0]
+  ops = []
+  for name, op_type, device, function, thread, t0, t1 in events:
+    phase, chunk = classify(name, op_type, function, optimizer_scope,
+                            forward_scopes)
+    if op_type in _TRANSFERS and phase not in ("encode", "exchange",
+                                               "decode", "sum"):
+      phase = "other"
+    elif op_type in _TRANSFERS:
+      # A transfer is named after the tensor it moves (an encoder's output,
+      # a payload copy): moving bytes between devices is the exchange.
+      phase = "exchange"
+    ops.append(Op(name, op_type, device, thread, phase, chunk,
+                  (t0 - start) / 1e9, (t1 - start) / 1e9))
+  return ops
+
+
+def _union(intervals):
+  """Sorted disjoint intervals covering `intervals`."""
+  merged = []
+  for a, b in sorted(intervals):
+    if merged and a <= merged[-1][1]:
+      merged[-1][1] = max(merged[-1][1], b)
+    else:
+      merged.append([a, b])
+  return merged
+
+
+def _length(intervals):
+  return sum(b - a for a, b in intervals)
+
+
+def _intersection(xs, ys):
+  """Length of the intersection of two disjoint sorted interval lists."""
+  total, i, j = 0.0, 0, 0
+  while i < len(xs) and j < len(ys):
+    a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+    if b > a:
+      total += b - a
+    if xs[i][1] < ys[j][1]:
+      i += 1
+    else:
+      j += 1
+  return total
+
+
+def exchange_overlap(ops):
+  """Fraction of the exchange's time hidden behind other chunks' codec work.
+
+  For each chunk `k`, the time (union over all devices and threads) when
+  chunk `k`'s exchange runs while some other chunk is being encoded or
+  decoded, summed over the chunks, divided by the exchange's total time.
+  0 when the exchange is not split in chunks (or took no measurable time).
+  """
+  chunks = sorted({op.chunk for op in ops if op.chunk is not None})
+  if len(chunks) < 2:
+    return 0.0
+  overlapped = total = 0.0
+  for k in chunks:
+    exchange = _union([(o.start, o.end) for o in ops
+                       if o.chunk == k and o.phase == "exchange"])
+    codec = _union([(o.start, o.end) for o in ops
+                    if o.chunk not in (None, k)
+                    and o.phase in ("encode", "decode")])
+    total += _length(exchange)
+    overlapped += _intersection(exchange, codec)
+  return overlapped / total if total else 0.0
+
+
+def _device_key(device):
+  match = re.match(r"([A-Za-z_]+):(\d+)$", device)
+  return (0, match.group(1), int(match.group(2))) if match else (1, device, 0)
+
+
+def phase_table(ops):
+  """`{device: {phase: ms}}` (sums of op durations), devices sorted."""
+  table = collections.OrderedDict()
+  for device in sorted({o.device for o in ops}, key=_device_key):
+    table[device] = collections.OrderedDict((p, 0.0) for p in PHASES)
+  for op in ops:
+    table[op.device][op.phase] += op.end - op.start
+  return table
+
+
+def format_table(table, step_ms):
+  """The table of `phase_table` as text, with a total column and row."""
+  phases = [p for p in PHASES if any(row[p] for row in table.values())]
+  head = f"{'device':8s}" + "".join(f"{p:>17s}" for p in phases) + (
+      f"{'busy':>9s}")
+  lines = [head]
+  totals = collections.Counter()
+  for device, row in table.items():
+    busy = sum(row.values())
+    totals.update(row)
+    lines.append(f"{device:8s}" + "".join(f"{row[p]:17.2f}" for p in phases)
+                 + f"{busy:9.2f}")
+  lines.append(f"{'all':8s}" + "".join(f"{totals[p]:17.2f}" for p in phases)
+               + f"{sum(totals.values()):9.2f}")
+  lines.append(f"(ms of op time in a step of {step_ms:.2f} ms wall; 'busy' "
+               "can exceed it: ops of one device run on several threads)")
+  return "\n".join(lines)
+
+
+# -- The picture ----------------------------------------------------------------
+
+
+def _lanes(ops):
+  """Assigns each op of one device the first lane free at its start."""
+  lane_ends, lanes = [], []
+  for op in sorted(ops, key=lambda o: o.start):
+    for i, lane_end in enumerate(lane_ends):
+      if lane_end <= op.start:
+        lane_ends[i] = op.end
+        lanes.append((i, op))
+        break
+    else:
+      lane_ends.append(op.end)
+      lanes.append((len(lane_ends) - 1, op))
+  return len(lane_ends), lanes
+
+
+def render(ops, step_ms, title, path):
+  """Draws the timeline of `ops` to the PNG `path`."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import patches  # pylint: disable=g-import-not-at-top
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  devices = sorted({o.device for o in ops}, key=_device_key)
+  rows = []  # (label, [(start, width, phase, chunk)])
+  for device in devices:
+    count, lanes = _lanes([o for o in ops if o.device == device])
+    for lane in range(count):
+      label = device if lane == 0 else f"{device} ·{lane + 1}"
+      rows.append((label, [op for i, op in lanes if i == lane]))
+  height = max(2.8, 0.32 * len(rows) + 1.9)
+  fig, ax = plt.subplots(figsize=(13, height))
+  for y, (_, row_ops) in enumerate(rows):
+    for op in row_ops:
+      width = max(op.end - op.start, 1e-3)
+      hatch = None if op.chunk is None else ("//" if op.chunk % 2 else "..")
+      ax.add_patch(patches.Rectangle(
+          (op.start, y - 0.4), width, 0.8, facecolor=PHASES[op.phase],
+          edgecolor="black" if op.chunk is not None else "none",
+          linewidth=0.3, hatch=hatch))
+      if op.chunk is not None and width > step_ms / 60:
+        ax.text(op.start + width / 2, y, str(op.chunk), ha="center",
+                va="center", fontsize=6)
+  ax.set_xlim(0, step_ms)
+  ax.set_ylim(len(rows) - 0.5, -0.5)
+  ax.set_yticks(range(len(rows)))
+  ax.set_yticklabels([label for label, _ in rows], fontsize=8)
+  ax.set_xlabel("ms from the step's start (a row per device; ·2, ·3: "
+                "its ops running at the same time on other threads)")
+  present = [p for p in PHASES if any(o.phase == p for o in ops)]
+  ax.legend(handles=[patches.Patch(color=PHASES[p], label=p) for p in present],
+            loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(present),
+            fontsize=8, frameon=False)
+  ax.set_title(title, fontsize=10, pad=22)
+  ax.grid(axis="x", alpha=0.3)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+# -- The run --------------------------------------------------------------------
+
+
+def make_step(strategy, widths, batch_size):
+  """Builds the MLP on `strategy`.
+
+  Returns:
+    `(step, scopes)`: a function running one step, and a dict of the name
+    scopes of its phases: `optimizer` (the optimizer's), `forward` (the
+    model's and the loss's), and `parameters`, the model's size.
+  """
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(0)
+  with strategy.scope():
+    model = keras.Sequential(
+        [keras.Input((widths[0],))]
+        + [keras.layers.Dense(w, activation="relu") for w in widths[1:-1]]
+        + [keras.layers.Dense(widths[-1])])
+    optimizer = keras.optimizers.SGD(0.01)
+    optimizer.build(model.trainable_variables)
+  loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                       reduction="sum")
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(batch_size, widths[0])).astype("float32")
+  y = rng.integers(0, widths[-1], size=(batch_size,)).astype("int32")
+  options = tf.data.Options()
+  # Every worker reads the same global batch and keeps its replicas' part.
+  options.experimental_distribute.auto_shard_policy = (
+      tf.data.experimental.AutoShardPolicy.OFF)
+  iterator = iter(strategy.experimental_distribute_dataset(
+      tf.data.Dataset.from_tensors((x, y)).repeat().with_options(options)))
+
+  @tf.function
+  def train_step(inputs):
+    def replica_step(x, y):
+      with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x)) / batch_size
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return loss
+    return strategy.reduce("sum", strategy.run(replica_step, args=inputs),
+                           axis=None)
+
+  scopes = {"optimizer": optimizer.name.lower(),
+            "forward": [model.name, loss_fn.name, "compile_loss"],
+            "parameters": model.count_params()}
+  return lambda: train_step(next(iterator)).numpy(), scopes
+
+
+def traced_steps(step, warmup, steps, logdir):
+  """Runs `step` untraced, then traced.
+
+  Args:
+    step: runs one training step.
+    warmup: untraced steps first; the first one records the placement.
+    steps: untraced steps timed, then as many traced.
+    logdir: where the profiler writes.
+
+  Returns:
+    `(placement, space, untraced)`: the map of `op_placement`, the trace's
+    `XSpace`, and the untraced steps' times in ms.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  # The first call places and partitions the step's graph: its run metadata
+  # says which device each op runs on (the trace does not).
+  ctx = context.context()
+  ctx.enable_run_metadata()
+  step()
+  placement = op_placement(ctx.export_run_metadata())
+  ctx.disable_run_metadata()
+  for _ in range(max(0, warmup - 1)):
+    step()
+  untraced = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    step()
+    untraced.append(1e3 * (time.perf_counter() - start))
+  tf.profiler.experimental.start(logdir)
+  try:
+    for i in range(steps):
+      with tf.profiler.experimental.Trace(_STEP_MARKER, step_num=i, _r=1):
+        step()
+  finally:
+    tf.profiler.experimental.stop()
+  return placement, read_xspace(logdir), untraced
+
+
+def make_strategy(devices):
+  """The strategy of `--strategy` and `--codec`, and a name for titles.
+
+  Args:
+    devices: the replicas' devices (`mirrored`), or None (`multi_worker`,
+      whose strategy must be built before any other TF call).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  multi_worker = _STRATEGY.value == "multi_worker"
+  if _CODEC.value == "tf":
+    if multi_worker:
+      return (tf.distribute.MultiWorkerMirroredStrategy(),
+              "TF MultiWorkerMirroredStrategy, default all-reduce (float32)")
+    return (tf.distribute.MirroredStrategy(devices),
+            "TF MirroredStrategy, default all-reduce (float32)")
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+  codec = ndq_tf.codecs.get(_CODEC.value)
+  kwargs = {}
+  if _TRANSPORT.value is not None:
+    kwargs["transport"] = _TRANSPORT.value
+  if multi_worker:
+    return (ndq_tf.MultiWorkerMirroredStrategy(codec=codec, **kwargs),
+            f"ndq_tf.MultiWorkerMirroredStrategy, {_CODEC.value}")
+  strategy = ndq_tf.MirroredStrategy(codec=codec, devices=devices, **kwargs)
+  return strategy, f"ndq_tf.MirroredStrategy, {_CODEC.value}"
+
+
+def launch_workers():
+  """Runs this script as `--num_workers` workers through `ndq_tf.launch`."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+  command = [sys.executable, "-m", "ndq_tf.launch", "--num_workers",
+             str(_NUM_WORKERS.value), "--timeout", str(_TIMEOUT.value), "--",
+             sys.executable, os.path.abspath(__file__)] + sys.argv[1:]
+  if not any(a.startswith("--out") for a in sys.argv[1:]):
+    command.append(f"--out={os.path.abspath(_OUT.value)}")
+  return subprocess.call(command, cwd=root)
+
+
+def analyze(space, placement, scopes):
+  """The drawn step's `Op`s, its length in ms, and every step's length."""
+  windows = step_windows(space)
+  if not windows:
+    raise ValueError("No step markers in the trace.")
+  lengths = [(b - a) / 1e9 for a, b in windows]
+  median = statistics.median_low(lengths)
+  window = windows[lengths.index(median)]
+  ops = build_ops(op_events(space, window, placement), window,
+                  scopes["optimizer"], scopes["forward"])
+  return ops, median, lengths
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  worker = None
+  if _STRATEGY.value == "multi_worker":
+    if "TF_CONFIG" not in os.environ:
+      return launch_workers()
+    import json  # pylint: disable=g-import-not-at-top
+    worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    strategy, description = make_strategy(None)
+    devices = strategy.extended.worker_devices
+    replicas = f"{_NUM_WORKERS.value} workers of 1 CPU, drawn: worker 0"
+  else:
+    devices = common.split_cpu(_REPLICAS.value)
+    strategy, description = make_strategy(devices)
+    replicas = f"{len(devices)} logical CPU replicas"
+  widths = [int(w) for w in _LAYERS.value]
+  step, scopes = make_step(strategy, widths, _BATCH_SIZE.value)
+  if worker:
+    # The other workers run the same steps (the collectives need them),
+    # untraced.
+    for _ in range(_WARMUP.value + 2 * _STEPS.value + 1):
+      step()
+    return 0
+  with tempfile.TemporaryDirectory() as tmp:
+    placement, space, untraced = traced_steps(
+        step, _WARMUP.value, _STEPS.value, _LOGDIR.value or tmp)
+  ops, step_ms, lengths = analyze(space, placement, scopes)
+  if hasattr(strategy, "compression_stats"):
+    stats = strategy.compression_stats()
+    # What transport="auto" picked, and what one sender puts on the wire.
+    description += (f" ({stats['transport']}, "
+                    f"{stats['wire_bits_per_element']:.2f} bits/element)")
+  table = phase_table(ops)
+  overlap = exchange_overlap(ops)
+  chunks = sorted({o.chunk for o in ops if o.chunk is not None})
+  params = scopes["parameters"]
+  title = (f"{description}: one step of {step_ms:.1f} ms (median of "
+           f"{len(lengths)} traced)\nMLP {'-'.join(map(str, widths))} "
+           f"({params / 1e6:.2f}M parameters), {replicas}, batch "
+           f"{_BATCH_SIZE.value}")
+  render(ops, step_ms, title, _OUT.value)
+  print("\n" + title.replace("\n", ", "))
+  print("traced steps (ms): " + ", ".join(f"{t:.1f}" for t in lengths))
+  print("the same steps untraced (ms): " + ", ".join(
+      f"{t:.1f}" for t in untraced) + f"; median {statistics.median(untraced):.1f}"
+      f" (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+  print(format_table(table, step_ms))
+  print(f"exchange chunks: {len(chunks) or 'not split'}; exchange time "
+        f"overlapped with other chunks' encode/decode: {overlap:.1%}")
+  print(f"wrote {_OUT.value}")
+  if worker is not None:
+    # One more step with the others, which wait in it meanwhile: a worker
+    # leaving the job first makes TF's coordination service fail the rest.
+    step()
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(main)
