@@ -4,12 +4,17 @@ Issue #11 on real worker processes: `model.fit` for `--steps` steps under
 `ndq_tf.MultiWorkerMirroredStrategy(codec, transport=...)` on a small
 model, then one line `ALL_REDUCE {"worker": i, "results": {...}}` with a
 SHA-256 of every weight (bitwise identity across workers is compared by
-the test), the telemetry of the last exchange, the transport the cost model
-predicts for this job, and the final loss.
+the test), the shapes of the trainable weights (the test computes the cost
+model's bits from them), the telemetry of the last exchange and the final
+loss.
 
 `--die_at_step k`: worker `--die_worker` ends its process (exit 3) at the
-start of step `k`, in the middle of the job: the others are then blocked in
-the step's collectives until the launcher stops them.
+start of step `k`, in the middle of the job, after printing the time
+(`time.time()`): the others are then blocked in the step's collectives
+until the launcher stops them.
+
+`--step_offset k`: worker 1 adds `k` to its compression step before
+training, so the workers' steps disagree at the first exchange.
 """
 
 import argparse
@@ -17,8 +22,14 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 import numpy as np
+
+INPUTS = 32
+HIDDEN = 64
+CLASSES = 2
+BATCH_PER_WORKER = 16
 
 
 def _parse():
@@ -32,16 +43,18 @@ def _parse():
                  help="Step at whose start --die_worker exits.")
   p.add_argument("--die_worker", type=int, default=1,
                  help="The worker that dies.")
+  p.add_argument("--step_offset", type=int, default=0,
+                 help="Added to worker 1's compression step before fit.")
   return p.parse_args()
 
 
-def main():
-  args = _parse()
+def _train(args, worker):
+  """Trains the model under this process's one strategy; returns results."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import ndq_tf  # pylint: disable=g-import-not-at-top
 
-  worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+  start = time.time()
   strategy = ndq_tf.MultiWorkerMirroredStrategy(
       codec=args.codec, transport=args.transport, seed=5,
       communication_options=tf.distribute.experimental.CommunicationOptions(
@@ -49,39 +62,47 @@ def main():
   num_workers = strategy.num_replicas_in_sync
   keras.utils.set_random_seed(1)
   rng = np.random.default_rng(0)
-  x = rng.normal(size=(64 * num_workers * args.steps, 32)).astype(np.float32)
+  x = rng.normal(size=(BATCH_PER_WORKER * num_workers * args.steps,
+                       INPUTS)).astype(np.float32)
   y = (x[:, :4].sum(axis=1) > 0).astype(np.int64)
   dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(
-      16 * num_workers).repeat()
+      BATCH_PER_WORKER * num_workers).repeat()
   with strategy.scope():
     model = keras.Sequential([
-        keras.Input((32,)),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(2),
+        keras.Input((INPUTS,)),
+        keras.layers.Dense(HIDDEN, activation="relu"),
+        keras.layers.Dense(CLASSES),
     ])
     model.compile(keras.optimizers.SGD(0.05),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  if worker == 1 and args.step_offset:
+    strategy.compression_step.assign_add(args.step_offset)
 
   class Die(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
       if batch == args.die_at_step and worker == args.die_worker:
-        print(f"worker {worker} dies at step {batch}", flush=True)
+        print(f"worker {worker} dies at step {batch} at {time.time():.3f}",
+              flush=True)
         os._exit(3)  # pylint: disable=protected-access
 
-  history = model.fit(dataset, epochs=1, steps_per_epoch=args.steps,
-                      verbose=0, callbacks=[Die()])
-  elements = sum(int(np.prod(w.shape)) for w in model.trainable_weights
-                 if int(np.prod(w.shape)) >= strategy.options.min_elements)
-  stats = strategy.compression_stats()
-  results = {
+  history = model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0,
+                      callbacks=[Die()])
+  return {
       "weights": [hashlib.sha256(np.ascontiguousarray(w)).hexdigest()
                   for w in model.get_weights()],
-      "stats": stats,
+      "shapes": [list(w.shape) for w in model.trainable_weights],
+      "stats": strategy.compression_stats(),
       "loss": float(history.history["loss"][-1]),
-      "compressed_elements": elements,
       "step": int(strategy.compression_step.numpy()),
+      "seconds": time.time() - start,  # From the strategy to the results.
   }
+
+
+def main():
+  args = _parse()
+  worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+  results = _train(args, worker)
   print("ALL_REDUCE " + json.dumps({"worker": worker, "results": results}),
         flush=True)
   sys.stdout.flush()
