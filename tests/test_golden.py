@@ -5,7 +5,11 @@ under `ndq_tf.MirroredStrategy`, for three configurations. The SHA-256 of
 the trained weights and optimizer slots (replica 0's copy; the other
 replicas must be bitwise identical to it) was recorded before the
 distribution layer was restructured into one engine with transports
-(issue #10). A change that alters the dither, the fusion layout, the decode
+(issue #10). The configurations pin `transport="all_gather"`, the
+exchange they were recorded with (`"auto"`, the default since issue #11,
+sums DQSG M=3 over 4 replicas with the integer all-reduce instead; its
+bits are checked against the public codec API in tests/test_all_reduce.py).
+A change that alters the dither, the fusion layout, the decode
 order or the sum changes these hashes. If a change is *meant* to alter the
 bits (a new dither draw, say), record the new hashes in the same commit and
 say why in its message.
@@ -41,10 +45,12 @@ def _strategy(name):
   devices = devices[:NUM_REPLICAS]
   if name == "dqsg3":
     return ndq_tf.MirroredStrategy(
-        codec=ndq_tf.DitheredCodec(num_levels=3), devices=devices, seed=5)
+        codec=ndq_tf.DitheredCodec(num_levels=3), devices=devices, seed=5,
+        transport="all_gather")
   if name == "terngrad":
     return ndq_tf.MirroredStrategy(
-        codec=ndq_tf.TernGradCodec(), devices=devices, seed=5)
+        codec=ndq_tf.TernGradCodec(), devices=devices, seed=5,
+        transport="all_gather")
   if name == "ndqsg33_fixed":
     return ndq_tf.MirroredStrategy(
         codec=ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3),

@@ -415,7 +415,8 @@ class TestCompressedAllReduce:
 
   def test_run_refuses_a_jit_compiled_replica_function(self):
     strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=M),
-                                devices=_devices(), min_elements=16)
+                                devices=_devices(), min_elements=16,
+                                transport="all_gather")
     ops = strategy.compressed_all_reduce
     x = tf.ones([64])
 
