@@ -74,17 +74,23 @@ def pack_codes(codes, alphabet_size):
   if n is None:
     raise ValueError("`codes` must have a static length.")
   w = -(-n // d)
-  codes = tf.cast(codes, tf.uint32)
-  codes = tf.pad(codes, [[0, w * d - n]])
-  codes = tf.reshape(codes, [d, w])
   # Planar layout: word k holds codes k, k + W, k + 2W, ... (digit j is code
   # j·W + k), so packing is Horner's scheme over whole rows: an elementwise
   # loop over words that XLA vectorizes. Every partial sum stays below
-  # L**d <= 2**32, so uint32 arithmetic is exact.
+  # L**d <= 2**32, so uint32 arithmetic is exact. The rows are slices of the
+  # codes as they come (only the last one padded): a padded `[d, W]` copy
+  # would be written in uint32 before the loop reads it.
   radix = tf.constant(alphabet_size, tf.uint32)
-  word = codes[d - 1]
+
+  def row(j):
+    piece = codes[j * w:min((j + 1) * w, n)]
+    if piece.shape[0] < w:
+      piece = tf.pad(piece, [[0, w - piece.shape[0]]])
+    return tf.cast(piece, tf.uint32)
+
+  word = row(d - 1)
   for j in range(d - 2, -1, -1):
-    word = word * radix + codes[j]
+    word = word * radix + row(j)
   return tf.bitcast(word, tf.int32)
 
 

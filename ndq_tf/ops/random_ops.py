@@ -34,6 +34,8 @@ __all__ = [
 ]
 
 _GOLDEN = 0x9E3779B9
+# The inverse of _GOLDEN modulo 2**32 (it is odd, so invertible).
+_GOLDEN_INVERSE = pow(_GOLDEN, -1, 2**32)
 _M1 = 0x85EBCA6B
 _M2 = 0xC2B2AE35
 
@@ -66,7 +68,11 @@ def hash_uint32(counter, key0, key1):
   Returns:
     A `uint32` tensor of the shape of `counter`.
   """
-  h = counter * _u32(_GOLDEN) + key0
+  # `counter·G + key0` written as `(counter + key0·G⁻¹)·G`: the same value
+  # modulo 2**32, but no longer a function of the counter alone. Otherwise
+  # XLA constant-folds `iota·G` into an array as large as the draw, which
+  # then costs a read of 4 bytes per element (and a copy in the executable).
+  h = (counter + key0 * _u32(_GOLDEN_INVERSE)) * _u32(_GOLDEN)
   h = _fmix32(h)
   h = tf.bitwise.bitwise_xor(h, key1)
   return _fmix32(h)
@@ -157,8 +163,10 @@ def uniform_dither(seed, num_elements, stream=0):
   key0, key1 = seed_keys(seed)
   if stream:
     key1 = _fmix32(key1 + _u32(stream * _GOLDEN & 0xFFFFFFFF))
-  counter = tf.range(num_elements, dtype=tf.int64)
-  counter = tf.cast(counter, tf.uint32)
+  if num_elements < 2**31:
+    counter = tf.bitcast(tf.range(num_elements, dtype=tf.int32), tf.uint32)
+  else:
+    counter = tf.cast(tf.range(num_elements, dtype=tf.int64), tf.uint32)
   bits = hash_uint32(counter, key0, key1)
   top = tf.bitwise.right_shift(bits, _u32(8))
   # Exact: a 24-bit integer fits a float32 mantissa, and the scaling and
