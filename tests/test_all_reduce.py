@@ -14,7 +14,6 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from absl import logging as absl_logging
 
 import ndq_tf
 from ndq_tf import ops
@@ -163,13 +162,9 @@ def test_auto_picks_what_the_cost_model_predicts_and_logs_it_once(
   strategy = ndq_tf.MirroredStrategy(codec=codec, devices=_devices())
   assert strategy.compression_stats()["transport"] == "auto"
   engine_lib._WARNED.clear()  # pylint: disable=protected-access
-  absl_logging.set_verbosity(absl_logging.INFO)
-  try:
-    with caplog.at_level("INFO"):
-      for step in range(2):
-        _reduce(strategy, _gradients(elements, seed=step))
-  finally:
-    absl_logging.set_verbosity(absl_logging.WARNING)
+  with caplog.at_level("WARNING"):  # shown at the default verbosity
+    for step in range(2):
+      _reduce(strategy, _gradients(elements, seed=step))
   assert strategy.compression_stats()["transport"] == want
   notes = [r for r in caplog.records if "transport='auto'" in r.getMessage()]
   assert len(notes) == 1, [r.getMessage() for r in caplog.records]
@@ -198,7 +193,17 @@ def test_model_fit_keeps_mirrored_variables_bitwise_identical():
                               keras.layers.Dense(2)])
     model.compile(keras.optimizers.SGD(0.1),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-  history = model.fit(x, y, batch_size=64, epochs=3, verbose=0)
+  stats_callback = ndq_tf.CompressionStats()
+  history = model.fit(x, y, batch_size=64, epochs=3, verbose=0,
+                      callbacks=[stats_callback])
+  assert stats_callback.transport == "all_reduce"
+  # 4 senders: a float32 ring carries 1.5·32 bits per element.
+  link = history.history["link_compression_ratio"][-1]
+  assert link == pytest.approx(strategy.compression_stats()[
+      "link_compression_ratio"])
+  assert 1.5 * 32 / link == pytest.approx(
+      strategy.compression_stats()["link_bits"] / (
+          NUM_REPLICAS * (32 * 64 + 64 + 64 * 2 + 2)))
   losses = history.history["loss"]
   assert losses[-1] < losses[0]
   for variable in model.weights:

@@ -79,11 +79,16 @@ def _as_reduce_op(reduce_op):
   return reduce_op
 
 
-def _warn_once(key, message, *args, info=False):
-  """Logs `message` the first time `key` comes up in this process."""
+def _warn_once(key, message, *args):
+  """Logs `message` the first time `key` comes up in this process.
+
+  At WARNING level, so that it shows with absl's and TF's default
+  verbosity (the choice of `transport="auto"` included: users comparing
+  step times need to see it).
+  """
   if key not in _WARNED:
     _WARNED.add(key)
-    (logging.info if info else logging.warning)("ndq_tf: " + message, *args)
+    logging.warning("ndq_tf: " + message, *args)
 
 
 def _model_bits(codecs, num_elements, num_senders):
@@ -287,7 +292,7 @@ class ExchangeEngine(tf.Module):
                  "exchange of %d values by the cost model, "
                  "ndq_tf.theory.exchange_bits).", num_senders, kind,
                  _model_bits(codecs, plan.total_size, num_senders),
-                 plan.total_size, info=True)
+                 plan.total_size)
     if kind == "all_reduce":
       results = self._exchange_sum(transports["all_reduce"], codecs[0], plan,
                                    senders, step, mean, divisor,

@@ -3,6 +3,7 @@
 import math
 import warnings
 
+from absl import logging
 import keras
 
 from ndq_tf.distribute import engine as engine_lib
@@ -53,6 +54,10 @@ class CompressionStats(keras.callbacks.Callback):
     the last step (codec payloads plus the small tensors sent losslessly);
     32 for plain float32.
   * `compression_ratio`: float32 bits / wire bits of the last step.
+  * `link_compression_ratio`: what TF's float32 ring all-reduce would put
+    on the links for the same elements / what this exchange's transport
+    puts there, by the cost model (`ndq_tf.theory.exchange_bits`); it
+    compares transports (`transport` says which one ran).
   * with a nested codec (NDQSG), when known: `overload_rate`, the elements
     of nested buckets that really decoded wrong in the last step (counted
     by their senders; under `ndq_tf.MultiWorkerMirroredStrategy` this
@@ -110,11 +115,19 @@ class CompressionStats(keras.callbacks.Callback):
     self._before = None
     self._warned = False
     self._warned_overload = False
+    self._transport = None
 
   @property
   def engine(self):
     """The `ExchangeEngine` read (known once training started)."""
     return self._engine
+
+  @property
+  def transport(self):
+    """How the last logged step's gradients travelled (`"all_gather"` or
+    `"all_reduce"`; None before). Keras logs hold numbers only, so the
+    transport is this property, and a log line whenever it changes."""
+    return self._transport
 
   def get_config(self):
     """The constructor arguments; an explicit `cross_device_ops` is not kept.
@@ -174,8 +187,13 @@ class CompressionStats(keras.callbacks.Callback):
       logs[self._prefix + "compression_ratio"] = 1.0
       return
     stats = engine.stats()
+    if stats["transport"] != self._transport:
+      self._transport = stats["transport"]
+      logging.info("CompressionStats: gradients travel by %r.",
+                   self._transport)
     for key in ("wire_bits_per_element", "compression_ratio",
-                "overload_rate", "fallback_fraction"):
+                "link_compression_ratio", "overload_rate",
+                "fallback_fraction"):
       if key in stats and math.isfinite(stats[key]):
         logs[self._prefix + key] = stats[key]
     rate = stats.get("overload_rate", 0.0)
