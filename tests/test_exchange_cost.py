@@ -10,6 +10,7 @@ import ndq_tf
 from ndq_tf import ops
 from ndq_tf import theory
 from ndq_tf.distribute.transports import all_gather
+from ndq_tf.distribute.transports import collective_sum
 
 _N = 2**20
 
@@ -58,9 +59,10 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(theory.exchange_bits(codec, 10, 3, "all_gather"),
                      2 * 8 * 32)
     # Sums up to 3·2 = 6: 3-bit lanes, 10 per int32: 1 word (an int64 would
-    # be 64 bits); plus 3 float32 scales, through rings: 2(P-1)/P = 4/3.
+    # be 64 bits); plus 3 float32 scales and the 4 words of step stamps,
+    # through rings: 2(P-1)/P = 4/3.
     self.assertAlmostEqual(theory.exchange_bits(codec, 10, 3, "all_reduce"),
-                           4 / 3 * (32 + 3 * 32))
+                           4 / 3 * (32 + (3 + 4) * 32))
     self.assertAlmostEqual(theory.exchange_bits(None, 10, 3, "float32_ring"),
                            4 / 3 * 320)
     self.assertAlmostEqual(theory.exchange_bits(None, 10, 3, "float16_ring"),
@@ -68,11 +70,11 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_larger_case_by_hand(self):
     # Ternary DQSG, d = 512, n = 2**20, P = 8: 5-bit lanes, 6 per int32
-    # (12 per int64: as dense): 174763 words; 2048 scales.
+    # (12 per int64: as dense): 174763 words; 2048 scales, 4 stamp words.
     codec = _dqsg(1, 512)
     words = -(-_N // 6)
     self.assertAlmostEqual(theory.exchange_bits(codec, _N, 8, "all_reduce"),
-                           2 * 7 / 8 * 32 * (words + 2048))
+                           2 * 7 / 8 * 32 * (words + 2048 + 4))
     self.assertEqual(theory.exchange_bits(codec, _N, 8, "all_gather"),
                      7 * 32 * (4 + -(-_N // 20) + 2048))
 
@@ -108,14 +110,18 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(2, 3, 8, 128)
   def test_all_reduce_counts_the_tensors_it_would_send(self, p):
-    # The lanes pack_lanes really makes, and the scales encode really makes.
+    # The lanes pack_lanes really makes, the scales encode really makes and
+    # the step stamps the multi-worker transport really adds.
     codec = _dqsg(3, 128)
     n = 5000
     layout = ops.lane_layout(codec.alphabet_size, p, n)
     words = ops.pack_lanes(tf.zeros([n], tf.int32), layout)
     payload = codec.encode(tf.ones([n]), seed=[1, 2])
+    stamps = collective_sum.CollectiveSumTransport(
+        None, p, 0, "/cpu:0").framing_bits(step_checked=True)
+    self.assertEqual(stamps, 32 * theory.ALL_REDUCE_STAMP_WORDS)
     bits = (words.shape[0] * words.dtype.size * 8
-            + payload.scales.shape[0] * 32)
+            + payload.scales.shape[0] * 32 + stamps)
     self.assertAlmostEqual(theory.exchange_bits(codec, n, p, "all_reduce"),
                            2 * (p - 1) / p * bits)
 

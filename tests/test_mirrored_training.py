@@ -48,7 +48,8 @@ def _assert_replicas_identical(variables):
 
 def test_fit_keeps_every_replica_bitwise_identical_and_counts_wire_bits():
   codec = ndq_tf.DitheredCodec(num_levels=3)
-  strategy = MirroredStrategy(codec=codec, devices=_devices(), seed=11)
+  strategy = MirroredStrategy(codec=codec, devices=_devices(), seed=11,
+                              transport="all_gather")
   ops = strategy.compressed_all_reduce
   keras.utils.set_random_seed(0)
   with strategy.scope():
@@ -112,8 +113,10 @@ def test_digits_dqsg_matches_float32_accuracy_with_10x_fewer_bits():
   float32 = tf.distribute.MirroredStrategy(
       _devices(), cross_device_ops=tf.distribute.ReductionToOneDevice())
   reference = _fit_digits(float32, data)
+  # The all-gather's payloads: "auto" would sum these codes in 5-bit lanes
+  # (fewer bits on the links, more per payload; tests/test_all_reduce.py).
   strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=3),
-                              devices=_devices())
+                              devices=_devices(), transport="all_gather")
   accuracy = _fit_digits(strategy, data)
   stats = strategy.compression_stats()
   print(f"float32 {reference:.4f}  dqsg {accuracy:.4f}  "
