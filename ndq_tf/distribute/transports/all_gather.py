@@ -44,13 +44,9 @@ class AllGatherTransport(base.Transport):
 
   def __init__(self, all_gather, num_workers, worker_id, device,
                who="ndq_tf.MultiWorkerMirroredStrategy"):
-    if not 0 <= worker_id < num_workers:
-      raise ValueError(
-          f"`worker_id` must be in [0, {num_workers}). Received: "
-          f"worker_id={worker_id!r}.")
     self._all_gather = all_gather
     self._num_workers = num_workers
-    self._worker_id = worker_id
+    self._worker_id = base.check_worker_id(worker_id, num_workers)
     self._device = device
     self._who = who
 

@@ -4,6 +4,7 @@ import abc
 import collections
 
 __all__ = [
+    "check_worker_id",
     "Reception",
     "Reduction",
     "SummingTransport",
@@ -111,3 +112,12 @@ class SummingTransport(abc.ABC):
     """
     del step_checked
     return 0
+
+
+def check_worker_id(worker_id, num_workers):
+  """`worker_id`, if in `[0, num_workers)`; else a ValueError naming it."""
+  if not 0 <= worker_id < num_workers:
+    raise ValueError(
+        f"`worker_id` must be in [0, {num_workers}). Received: "
+        f"worker_id={worker_id!r}.")
+  return worker_id
