@@ -61,11 +61,12 @@ def _np_seed_keys(seed):
   return int(key0), int(key1)
 
 
-def _np_uniform_dither(seed, num_elements, stream=0):
+def _np_uniform_dither(seed, num_elements, stream=0, offset=0):
   key0, key1 = _np_seed_keys(seed)
   if stream:
     key1 = int(_np_fmix32((key1 + (stream * _GOLDEN & _MASK)) & _MASK))
-  bits = _np_hash(np.arange(num_elements, dtype=np.uint64), key0, key1)
+  counter = np.arange(offset, offset + num_elements, dtype=np.uint64)
+  bits = _np_hash(counter & _MASK, key0, key1)
   top = (bits >> 8).astype(np.float32)
   return top * np.float32(2.0**-24) - np.float32(0.5)
 
@@ -201,6 +202,29 @@ class RngDeterminismTest(tf.test.TestCase, parameterized.TestCase):
     for n in (0, 1, 2, 999, 65_536):
       self.assertAllEqual(ops.uniform_dither(seed, n, stream=2), long[:n])
 
+  def test_draw_at_an_offset_is_the_slice_of_the_longer_draw(self):
+    # A buffer encoded in chunks draws each chunk's dither at its offset.
+    seed = tf.constant([8, 9])
+    long = ops.uniform_dither(seed, 100_003, stream=1)
+    for offset, n in ((0, 10), (1, 999), (512, 4096), (99_000, 1003)):
+      for given in (offset, tf.constant(offset), tf.constant(offset, tf.int64)):
+        self.assertAllEqual(
+            ops.uniform_dither(seed, n, stream=1, offset=given),
+            long[offset:offset + n])
+
+  def test_draw_at_the_end_of_the_counter_matches_numpy_reference(self):
+    seed = [3, -4]
+    offset = 2**32 - 777
+    self.assertAllEqual(
+        ops.uniform_dither(tf.constant(seed), 777, offset=offset),
+        _np_uniform_dither(seed, 777, offset=offset))
+
+  def test_offset_past_the_counter_raises(self):
+    with self.assertRaisesRegex(ValueError, r"`offset` must be in \[0, "
+                                r"2\*\*32 - num_elements\]. Received: "
+                                r"offset=4294967000, num_elements=300"):
+      ops.uniform_dither(tf.constant([1, 2]), 300, offset=2**32 - 296)
+
   def test_values_are_multiples_of_2_pow_minus_24_in_half_open_range(self):
     u = ops.uniform_dither([1, 1], 100_000).numpy().astype(np.float64)
     self.assertGreaterEqual(u.min(), -0.5)
@@ -249,7 +273,9 @@ class RngCompilationTest(tf.test.TestCase, parameterized.TestCase):
 
     def draw(seed):
       return tf.stack([ops.uniform_dither(seed, 4099, stream)
-                       for stream in (0, 3)])
+                       for stream in (0, 3)]
+                      + [ops.uniform_dither(seed, 4099, 3, tf.constant(
+                          2**32 - 5000, tf.int64))])
 
     eager = draw(seed)
     graph = tf.function(draw)(seed)

@@ -140,18 +140,23 @@ def fold_seed(seed, value):
   return tf.bitcast(new, tf.int32)
 
 
-def uniform_dither(seed, num_elements, stream=0):
+def uniform_dither(seed, num_elements, stream=0, offset=0):
   """Draws `num_elements` uniforms in `[-1/2, 1/2)`, multiples of `2**-24`.
 
-  Element `i` is `(hash(seed, i) >> 8) * 2**-24 - 1/2`, so it depends only on
-  the seed, the stream and `i`: any prefix of a longer draw is the shorter
-  draw, on any device and in any compilation mode.
+  Element `i` is `(hash(seed, offset + i) >> 8) * 2**-24 - 1/2`, so it
+  depends only on the seed, the stream and its index: any slice of a longer
+  draw is the shorter draw with that slice's `offset`, on any device and in
+  any compilation mode (what lets a buffer be encoded in chunks with the
+  dither of the whole buffer).
 
   Args:
     seed: shape-`[2]` integer tensor.
     num_elements: Python int, the number of values.
     stream: Python int, selects an independent stream under the same seed
       (used for the several uniforms of a higher-order dither).
+    offset: the index of the first element, an integer `>= 0` (Python int
+      or integer scalar tensor); `offset + num_elements <= 2**32` when
+      static.
 
   Returns:
     A `float32` tensor of shape `[num_elements]`.
@@ -160,9 +165,20 @@ def uniform_dither(seed, num_elements, stream=0):
     raise ValueError(
         f"`num_elements` must be below 2**32. Received: "
         f"num_elements={num_elements}.")
+  if isinstance(offset, int) and not 0 <= offset <= 2**32 - num_elements:
+    raise ValueError(
+        f"`offset` must be in [0, 2**32 - num_elements]. Received: "
+        f"offset={offset}, num_elements={num_elements}.")
   key0, key1 = seed_keys(seed)
   if stream:
     key1 = _fmix32(key1 + _u32(stream * _GOLDEN & 0xFFFFFFFF))
+  if not (isinstance(offset, int) and offset == 0):
+    # hash_uint32 starts from counter·G + key0, so counting from `offset`
+    # is the same as adding offset·G to key0 (mod 2**32): the counter, and
+    # its compiled form, stay those of a draw from 0.
+    offset = tf.cast(tf.convert_to_tensor(offset), tf.int64)
+    key0 = key0 + tf.cast(tf.bitwise.bitwise_and(offset, 0xFFFFFFFF),
+                          tf.uint32) * _u32(_GOLDEN)
   if num_elements < 2**31:
     counter = tf.bitcast(tf.range(num_elements, dtype=tf.int32), tf.uint32)
   else:
