@@ -261,7 +261,7 @@ class Codec:
     return 32 * (self.num_words(num_elements) + self.num_scales(num_elements))
 
   @_do_not_convert
-  def encode(self, x, seed=None, noise_scale=None):
+  def encode(self, x, seed=None, noise_scale=None, dither_offset=0):
     """Encodes a floating point tensor.
 
     Args:
@@ -269,6 +269,13 @@ class Codec:
         float64.
       seed: shape-`[2]` integer tensor (TF's stateless convention); required
         by the codecs that draw random numbers.
+      dither_offset: the index of `x`'s first element in a longer buffer
+        whose dither `x` takes its part of: `encode(x[a:b], seed,
+        dither_offset=a)` draws the dither `encode(x, seed)` draws for
+        `x[a:b]`, so `decode(..., dither_offset=a)` of it is that slice of
+        the whole buffer's decode, bit for bit. A multiple of
+        `bucket_size` (chunks are whole buckets); an int or an integer
+        scalar tensor.
       noise_scale: nested codecs only (`accepts_noise_scale`): the expected
         spread `σ_z` of `x - side_information`, per bucket (`[num_scales]`)
         or one scalar, known to the receivers too. Selects the adaptive mode
@@ -283,6 +290,7 @@ class Codec:
     """
     x = _check_input(x)
     seed = self._check_seed(seed, self.needs_encode_seed, "encode")
+    seed = self._offset_seed(seed, dither_offset)
     n = x.shape.num_elements()
     noise_scale = self._check_noise_scale(noise_scale, n)
     if n == 0:
@@ -322,7 +330,8 @@ class Codec:
     return tf.cast(noise_scale, tf.float32)
 
   @_do_not_convert
-  def decode(self, payload, seed=None, side_information=None):
+  def decode(self, payload, seed=None, side_information=None,
+             dither_offset=0):
     """Decodes a payload back to a tensor of the encoded shape and dtype.
 
     Args:
@@ -330,6 +339,7 @@ class Codec:
       seed: the encoder's seed; required when `decoder_needs_seed`.
       side_information: the receiver's estimate of the tensor, of the same
         shape; required by nested codecs, rejected by the others.
+      dither_offset: the `dither_offset` the payload was encoded with.
 
     Returns:
       A tensor of `payload.shape` and `payload.dtype`.
@@ -342,6 +352,7 @@ class Codec:
           f"`payload` must be an ndq_tf Payload (from encode or from_wire). "
           f"Received: payload of type {type(payload).__name__}.")
     seed = self._check_seed(seed, self.decoder_needs_seed, "decode")
+    seed = self._offset_seed(seed, dither_offset)
     cdtype = compute_dtype(payload.dtype)
     n = payload.shape.num_elements()
     if self.needs_side_information:
@@ -443,6 +454,33 @@ class Codec:
     return self._compiled("_decode_flat")(words, scales, n, seed,
                                           side_information, dtype)
 
+  def _offset_seed(self, seed, dither_offset):
+    """`seed`, or `[seed0, seed1, offset]` (`int64`) for a dither offset.
+
+    The codecs' quantizers draw through `dither`, which reads a third seed
+    word as the counter offset; offset 0 keeps the `[2]` seed, so the
+    compiled functions and the bits of a whole-buffer encode are unchanged.
+    """
+    if isinstance(dither_offset, bool) or not (
+        isinstance(dither_offset, int) or (
+            tf.is_tensor(dither_offset) and dither_offset.dtype.is_integer
+            and dither_offset.shape.rank == 0)):
+      raise TypeError(
+          f"`dither_offset` must be an int or an integer scalar tensor. "
+          f"Received: dither_offset={dither_offset!r}.")
+    if isinstance(dither_offset, int):
+      if dither_offset < 0 or (self.bucket_size and
+                               dither_offset % self.bucket_size):
+        raise ValueError(
+            f"`dither_offset` must be a non-negative multiple of bucket_size="
+            f"{self.bucket_size}. Received: dither_offset={dither_offset}.")
+      if dither_offset == 0:
+        return seed
+    if seed is None:  # This codec draws no dither here.
+      return None
+    return tf.concat([tf.cast(seed, tf.int64),
+                      tf.reshape(tf.cast(dither_offset, tf.int64), [1])], 0)
+
   def _check_seed(self, seed, needed, method):
     if seed is None:
       if needed:
@@ -497,6 +535,14 @@ def register(cls):
 
 
 def dither(seed, num_buckets, bucket_size, dtype, stream=0):
-  """The dither of a bucketed tensor, in units of the step: `[B, d]`."""
-  u = random_ops.uniform_dither(seed, num_buckets * bucket_size, stream)
+  """The dither of a bucketed tensor, in units of the step: `[B, d]`.
+
+  A seed of three words is `[seed0, seed1, counter offset]`
+  (`Codec.encode(..., dither_offset=)`).
+  """
+  offset = 0
+  if seed.shape[0] == 3:
+    seed, offset = seed[:2], seed[2]
+  u = random_ops.uniform_dither(seed, num_buckets * bucket_size, stream,
+                                offset)
   return tf.cast(tf.reshape(u, [num_buckets, bucket_size]), dtype)
