@@ -22,7 +22,7 @@ Example:
       data)
 """
 
-__all__ = ["split_cpu", "load_digits", "fit_digits_mlp"]
+__all__ = ["split_cpu", "load_digits", "fit_digits_mlp", "synthetic_mlp"]
 
 
 def split_cpu(num_devices):
@@ -92,3 +92,34 @@ def fit_digits_mlp(strategy, data, seed=1, callbacks=None):
   history = model.fit(x_train, y_train, batch_size=128, epochs=8,
                       shuffle=True, verbose=0, callbacks=callbacks)
   return model, history
+
+
+def synthetic_mlp(strategy, widths, batch_size):
+  """The step-time benchmarks' MLP on `strategy`, and one synthetic batch.
+
+  Args:
+    strategy: a `tf.distribute.Strategy`; the model and the optimizer's
+      slots are built in its scope.
+    widths: layer widths, input first (ReLU between, logits last).
+    batch_size: rows of the batch.
+
+  Returns:
+    `(model, optimizer, loss_fn, x, y)`: SGD(0.01), a summed sparse
+    cross-entropy on logits, and a fixed normal batch with random labels.
+  """
+  import keras  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(0)
+  with strategy.scope():
+    model = keras.Sequential(
+        [keras.Input((widths[0],))]
+        + [keras.layers.Dense(w, activation="relu") for w in widths[1:-1]]
+        + [keras.layers.Dense(widths[-1])])
+    optimizer = keras.optimizers.SGD(0.01)
+    optimizer.build(model.trainable_variables)
+  loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                       reduction="sum")
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(batch_size, widths[0])).astype("float32")
+  y = rng.integers(0, widths[-1], size=(batch_size,)).astype("int32")
+  return model, optimizer, loss_fn, x, y

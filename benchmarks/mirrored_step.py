@@ -29,7 +29,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
-import numpy as np
 import tensorflow as tf
 
 import common  # benchmarks/common.py, next to this script
@@ -56,20 +55,8 @@ _ADAPTIVE = flags.DEFINE_bool(
 
 def make_step(strategy, widths):
   """Builds the model on `strategy`; returns (run one step, parameters)."""
-  import keras  # pylint: disable=g-import-not-at-top
-  keras.utils.set_random_seed(0)
-  with strategy.scope():
-    model = keras.Sequential(
-        [keras.Input((widths[0],))]
-        + [keras.layers.Dense(w, activation="relu") for w in widths[1:-1]]
-        + [keras.layers.Dense(widths[-1])])
-    optimizer = keras.optimizers.SGD(0.01)
-    optimizer.build(model.trainable_variables)
-  loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
-                                                       reduction="sum")
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(_BATCH_SIZE.value, widths[0])).astype("float32")
-  y = rng.integers(0, widths[-1], size=(_BATCH_SIZE.value,)).astype("int32")
+  model, optimizer, loss_fn, x, y = common.synthetic_mlp(
+      strategy, widths, _BATCH_SIZE.value)
   dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
   iterator = iter(strategy.experimental_distribute_dataset(
       dataset.unbatch().batch(_BATCH_SIZE.value)))

@@ -56,7 +56,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
-import numpy as np
 
 import common  # benchmarks/common.py, next to this script
 
@@ -501,21 +500,9 @@ def make_step(strategy, widths, batch_size):
     scopes of its phases: `optimizer` (the optimizer's), `forward` (the
     model's and the loss's), and `parameters`, the model's size.
   """
-  import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  keras.utils.set_random_seed(0)
-  with strategy.scope():
-    model = keras.Sequential(
-        [keras.Input((widths[0],))]
-        + [keras.layers.Dense(w, activation="relu") for w in widths[1:-1]]
-        + [keras.layers.Dense(widths[-1])])
-    optimizer = keras.optimizers.SGD(0.01)
-    optimizer.build(model.trainable_variables)
-  loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
-                                                       reduction="sum")
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(batch_size, widths[0])).astype("float32")
-  y = rng.integers(0, widths[-1], size=(batch_size,)).astype("int32")
+  model, optimizer, loss_fn, x, y = common.synthetic_mlp(strategy, widths,
+                                                         batch_size)
   options = tf.data.Options()
   # Every worker reads the same global batch and keeps its replicas' part.
   options.experimental_distribute.auto_shard_policy = (
