@@ -106,6 +106,10 @@ def main():
   print("ALL_REDUCE " + json.dumps({"worker": worker, "results": results}),
         flush=True)
   sys.stdout.flush()
+  sys.stderr.flush()
+  # Every exchange is done and every result printed; a normal exit can hang in
+  # TF's coordination agent once the chief's process has gone.
+  os._exit(0)  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":
