@@ -159,7 +159,7 @@ class BucketedCodec(base.Codec):
     x = _check_flat("x", x)
     return self._compiled("_scales_stage")(x)
 
-  def encode_symbols(self, x, seed, scales):
+  def encode_symbols(self, x, seed, scales, dither_offset=0):
     """Quantizes the 1-D `x` with given per-bucket scales; returns symbols.
 
     With `scales` the same for every sender (each bucket's largest scale
@@ -172,6 +172,9 @@ class BucketedCodec(base.Codec):
       scales: `float32` `[⌈n/bucket_size⌉]`, each at least the bucket's own
         scale (`bucket_scales`), or non-finite: such a bucket (a NaN or an
         Inf on some sender) is sent as code 0 and decodes to NaN.
+      dither_offset: as for `encode`: `x` is the part of a longer buffer
+        starting at this element (a multiple of `bucket_size`), and takes
+        that part of the longer buffer's dither.
 
     Returns:
       Integer symbols `code + offset` in `[0, alphabet_size)`, shape `[n]`
@@ -179,10 +182,12 @@ class BucketedCodec(base.Codec):
     """
     x = _check_flat("x", x)
     seed = self._check_seed(seed, self.needs_encode_seed, "encode_symbols")
+    seed = self._offset_seed(seed, dither_offset)
     scales = self._check_scales(scales, x.shape[0])
     return self._compiled("_shared_scale_stage")(x, seed, scales)
 
-  def decode_symbol_sum(self, symbol_sum, scales, seeds, dtype=tf.float32):
+  def decode_symbol_sum(self, symbol_sum, scales, seeds, dtype=tf.float32,
+                        dither_offset=0):
     """The sum of the decodes of `P` senders, from the sum of their symbols.
 
     Args:
@@ -192,6 +197,7 @@ class BucketedCodec(base.Codec):
       seeds: `[P, 2]` integer tensor, the seeds the senders encoded with
         (any order; only their dithers' sum matters).
       dtype: the floating dtype of the result.
+      dither_offset: the `dither_offset` the senders encoded with.
 
     Returns:
       A tensor of `symbol_sum`'s shape and `dtype`: equal, to float
@@ -207,6 +213,13 @@ class BucketedCodec(base.Codec):
           f"symbol_sum with shape {symbol_sum.shape}.")
     scales = self._check_scales(scales, symbol_sum.shape[0])
     seeds = tf.convert_to_tensor(seeds)
+    # `[P, 3]`: every sender's seed with the offset, as `_offset_seed`
+    # makes it (which also checks the offset); offset 0 keeps `[P, 2]`.
+    if self._offset_seed(tf.zeros([2], tf.int32), dither_offset).shape[0] == 3:
+      seeds = tf.concat([
+          tf.cast(seeds, tf.int64),
+          tf.fill([tf.shape(seeds)[0], 1],
+                  tf.cast(dither_offset, tf.int64))], axis=1)
     return self._compiled("_symbol_sum_stage")(symbol_sum, scales, seeds,
                                                tf.as_dtype(dtype))
 

@@ -9,6 +9,7 @@ from ndq_tf.distribute.fusion import decode_sum
 from ndq_tf.distribute.fusion import encode_fused
 from ndq_tf.distribute.mirrored import MirroredStrategy
 from ndq_tf.distribute.multi_worker import MultiWorkerMirroredStrategy
+from ndq_tf.distribute.options import DEFAULT_CHUNK_ELEMENTS
 from ndq_tf.distribute.options import CompressionOptions
 from ndq_tf.distribute.scope import compressed
 from ndq_tf.distribute.scope import uncompressed

@@ -105,6 +105,10 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
       TernGrad, QSGD, and float16/float32 values summed as floats) or
       `"auto"` (default: the one with fewer bits by
       `ndq_tf.theory.exchange_bits`, logged once); see docs/scaling.md.
+    chunk_elements: the fused gradients are encoded, exchanged and decoded
+      in chunks of about this many elements, so that the stages of
+      successive chunks overlap; bit for bit the same result. None: one
+      chunk. Default `ndq_tf.distribute.DEFAULT_CHUNK_ELEMENTS`.
 
   Raises:
     TypeError: if `codec` or `reference_codec` is not a codec (a class,
@@ -125,7 +129,8 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
                reference_codec=None,
                reference_replicas=None,
                adaptive=None,
-               transport="auto"):
+               transport="auto",
+               chunk_elements=options_lib.DEFAULT_CHUNK_ELEMENTS):
     tf.distribute.CrossDeviceOps.__init__(self)
     tf.Module.__init__(self, name=name)
     self._options = options_lib.CompressionOptions(
@@ -133,7 +138,7 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
         compress_indexed_slices=compress_indexed_slices,
         reference_codec=reference_codec, reference_group=reference_replicas,
         adaptive=adaptive, transport=transport,
-        group_argument="reference_replicas")
+        chunk_elements=chunk_elements, group_argument="reference_replicas")
     self._default_fallback = fallback is None
     if fallback is None:
       fallback = tf.distribute.ReductionToOneDevice()
@@ -198,6 +203,11 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
   def transport(self):
     """The `transport` option (`"auto"`, `"all_gather"`, `"all_reduce"`)."""
     return self._options.transport
+
+  @property
+  def chunk_elements(self):
+    """About how many elements per chunk of the exchange (None: one chunk)."""
+    return self._options.chunk_elements
 
   @property
   def needs_reference(self):

@@ -42,6 +42,7 @@ Ops are built under the name scopes `ndq_encode`, `ndq_exchange`,
 """
 
 import collections
+import contextlib
 
 import tensorflow as tf
 from absl import logging
@@ -89,6 +90,18 @@ def _warn_once(key, message, *args):
   if key not in _WARNED:
     _WARNED.add(key)
     logging.warning("ndq_tf: " + message, *args)
+
+
+def _chunk_scope(index, count):
+  """The name scope `ndq_chunk<index>` of a chunk, if there are several."""
+  if count > 1:
+    return tf.name_scope(f"ndq_chunk{index}")
+  return contextlib.nullcontext()
+
+
+def _join(parts):
+  """One 1-D tensor from a chunk's parts (the part itself if only one)."""
+  return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
 
 
 def _model_bits(codecs, num_elements, num_senders):
@@ -307,9 +320,16 @@ class ExchangeEngine(tf.Module):
 
   def _exchange_gather(self, transport, codecs, plan, senders, step, mean,
                        divisor, lossless_values):
-    """Every sender's payload to every receiver; decode each, then sum."""
+    """Every sender's payload to every receiver; decode each, then sum.
+
+    Chunk by chunk (`FusionPlan.chunks`): chunk `k` is encoded, moved,
+    decoded and summed by ops that depend on no other chunk's, so TF runs
+    chunk `k`'s exchange while chunk `k + 1` is encoded and chunk `k - 1`
+    decoded (a multi-worker transport's collectives keep program order).
+    """
     options = self._options
     num_senders = transport.num_senders
+    chunks = plan.chunks(options.chunk_elements)
     nested = [x.index for x in senders
               if codecs[x.index].needs_side_information]
     noise = variables = None
@@ -322,133 +342,186 @@ class ExchangeEngine(tf.Module):
           # the sender alone; only the steps it picks travel (in the wire).
           noise = variables[0].read_value() * variables[1].read_value()
 
-    fused, wires = {}, []
-    for row, sender in enumerate(senders):
-      with tf.device(sender.device), tf.name_scope("ndq_encode"):
-        fused[sender.index] = plan.flatten(sender.tensors)
-        wires.append(fusion.encode_flat(
-            codecs[sender.index], fused[sender.index],
-            self.seed(sender.index, step), plan,
-            noise_scale=(noise[row] if noise is not None
-                         and sender.index in nested else None)))
-
-    words = [plan.wire_words(c) for c in codecs]
-    with tf.name_scope("ndq_exchange"):
-      receptions = transport.exchange(
-          [(x.index, x.device, w) for x, w in zip(senders, wires)], words,
-          step)
-
-    results, statistics = [], {}
-    for reception in receptions:
-      with tf.device(reception.device), tf.name_scope("ndq_decode"), \
-          tf.control_dependencies(reception.checks):
-        # A receiver derives every sender's seed from the step that sender
-        # used (the transport reports it), never from its own counter alone.
-        steps = reception.steps
-        seeds = [self.seed(k, step if steps is None else steps[k])
-                 for k in range(num_senders)]
-        me = reception.local_sender
-        if me in nested:
-          decoded, side = fusion.decode_senders(
-              codecs, reception.wires, seeds, plan,
-              return_side_information=True)
-          # The nested sender on this device knows its true gradient: its
-          # exact noise and real overloads (only [num_buckets] floats and
-          # a few scalars leave the device).
-          row = [x.index for x in senders].index(me)
-          statistics[me] = nested_state.sender_statistics(
-              codecs[me], reception.wires[me], fused[me], side[me],
-              decoded[me], plan,
-              noise_scale=None if noise is None else noise[row])
-        else:
-          decoded = fusion.decode_senders(codecs, reception.wires, seeds,
-                                          plan)
-      with tf.device(reception.device), tf.name_scope("ndq_sum"):
-        results.append(fusion.sum_decoded(decoded, plan, mean=mean,
-                                          divisor=divisor))
-
-    if nested:
-      self._update_nested_state(variables, senders, statistics, plan)
     local = [x.index for x in senders]
-    payload_bits = 32 * sum(words[k] for k in local)
+    totals = collections.defaultdict(list)  # Receiver -> one sum per chunk.
+    devices = {}
+    # The local nested senders' own chunks, for their statistics.
+    own = collections.defaultdict(lambda: collections.defaultdict(list))
+    payload_words = framing_bits = link_bits = 0
+    for k, chunk in enumerate(chunks):
+      with _chunk_scope(k, len(chunks)):
+        fused, wires = {}, []
+        for row, sender in enumerate(senders):
+          with tf.device(sender.device), tf.name_scope("ndq_encode"):
+            fused[sender.index] = plan.flatten(sender.tensors, chunk)
+            wires.append(fusion.encode_flat(
+                codecs[sender.index], fused[sender.index],
+                self.seed(sender.index, step), plan,
+                noise_scale=(noise[row] if noise is not None
+                             and sender.index in nested else None),
+                chunk=chunk))
+
+        words = [plan.chunk_wire_words(c, chunk) for c in codecs]
+        with tf.name_scope("ndq_exchange"):
+          receptions = transport.exchange(
+              [(x.index, x.device, w) for x, w in zip(senders, wires)],
+              words, step)
+        payload_words += sum(words[i] for i in local)
+        framing_bits += transport.framing_bits(words, local)
+        link_bits += theory.exchange_bits(codecs, chunk.length, num_senders,
+                                          "all_gather")
+
+        for r, reception in enumerate(receptions):
+          devices[r] = reception.device
+          with tf.device(reception.device), tf.name_scope("ndq_decode"), \
+              tf.control_dependencies(reception.checks):
+            # A receiver derives every sender's seed from the step that
+            # sender used (the transport reports it), never from its own
+            # counter alone.
+            steps = reception.steps
+            seeds = [self.seed(i, step if steps is None else steps[i])
+                     for i in range(num_senders)]
+            me = reception.local_sender
+            if me in nested:
+              decoded, side = fusion.decode_senders(
+                  codecs, reception.wires, seeds, plan,
+                  return_side_information=True, chunk=chunk)
+              # The nested sender on this device knows its true gradient:
+              # its exact noise and real overloads (only [num_buckets]
+              # floats and a few scalars leave the device).
+              mine = own[me]
+              mine["values"].append(fused[me])
+              mine["side"].append(side[me])
+              mine["decoded"].append(decoded[me])
+              mine["scales"].append(fusion.wire_scales(
+                  codecs[me], reception.wires[me], plan, chunk))
+            else:
+              decoded = fusion.decode_senders(codecs, reception.wires, seeds,
+                                              plan, chunk=chunk)
+          with tf.device(reception.device), tf.name_scope("ndq_sum"):
+            totals[r].append(fusion.sum_senders(decoded, mean=mean,
+                                                divisor=divisor))
+
+    results = []
+    for r in sorted(totals):
+      with tf.device(devices[r]), tf.name_scope("ndq_sum"):
+        results.append(plan.split_chunks(chunks, totals[r]))
+    if nested:
+      statistics = {}
+      for me, mine in own.items():
+        row = local.index(me)
+        with tf.device(senders[row].device), tf.name_scope("ndq_decode"):
+          values, side, decoded, scales = (
+              _join(mine[key])
+              for key in ("values", "side", "decoded", "scales"))
+          statistics[me] = nested_state.sender_statistics(
+              codecs[me], None, values, side, decoded, plan,
+              noise_scale=None if noise is None else noise[row],
+              scales=scales)
+      self._update_nested_state(variables, senders, statistics, plan)
     self._record(transport, plan, senders, lossless_values,
-                 payload_bits=payload_bits,
-                 framing_bits=transport.framing_bits(words, local),
-                 link_bits=len(senders) * theory.exchange_bits(
-                     codecs, plan.total_size, num_senders, "all_gather"))
+                 payload_bits=32 * payload_words, framing_bits=framing_bits,
+                 link_bits=len(senders) * link_bits)
     return results
 
   def _exchange_sum(self, transport, codec, plan, senders, step, mean,
                     divisor, lossless_values):
-    """Shared scales, codes summed as integers, one decode of the sum."""
+    """Shared scales, codes summed as integers, one decode of the sum.
+
+    One MAX all-reduce shares the scales of the whole buffer; then chunk by
+    chunk (`FusionPlan.chunks`), each with the dither it has in the whole
+    buffer: encode, integer all-reduce, decode, so chunk `k`'s all-reduce
+    runs while chunk `k + 1` is encoded and chunk `k - 1` decoded.
+    """
     form = theory.summed_form(codec)
     num_senders = transport.num_senders
-    n = plan.total_size
+    chunks = plan.chunks(self._options.chunk_elements)
 
     def finish(total):
       if mean:
         total = total / float(divisor or num_senders)
-      return plan.split(total)
+      return total
 
-    results = []
+    totals = collections.defaultdict(list)  # Receiver -> one sum per chunk.
+    devices = {}
+    payload_bits = framing_bits = 0
     if form in ("float16", "float32"):
       # TF's own float ring: the values themselves, summed in their dtype.
       dtype = tf.float16 if form == "float16" else tf.float32
-      values = []
-      for x in senders:
-        with tf.device(x.device), tf.name_scope("ndq_encode"):
-          values.append((x.index, x.device,
-                         tf.cast(plan.flatten(x.tensors), dtype)))
-      with tf.name_scope("ndq_exchange"):
-        reductions = transport.all_reduce(values, "Add")
-      for r in reductions:
-        with tf.device(r.device), tf.name_scope("ndq_sum"):
-          results.append(finish(tf.cast(r.value, tf.float32)))
-      payload_bits = len(senders) * dtype.size * 8 * n
-      framing_bits = 0
+      for k, chunk in enumerate(chunks):
+        with _chunk_scope(k, len(chunks)):
+          values = []
+          for x in senders:
+            with tf.device(x.device), tf.name_scope("ndq_encode"):
+              values.append((x.index, x.device, tf.cast(
+                  plan.flatten(x.tensors, chunk), dtype)))
+          with tf.name_scope("ndq_exchange"):
+            reductions = transport.all_reduce(values, "Add")
+          for r, reduction in enumerate(reductions):
+            devices[r] = reduction.device
+            with tf.device(reduction.device), tf.name_scope("ndq_sum"):
+              totals[r].append(finish(tf.cast(reduction.value, tf.float32)))
+      payload_bits = len(senders) * dtype.size * 8 * plan.total_size
     else:
       if len(plan.segments) != 1:
         raise ValueError(f"{codec!r} is not a bucketed codec.")
+      d = plan.bucket_size
       # The seed encode_flat gives the buffer's one segment: a sender's
       # dither is the same under either transport.
-      seeds = [ndq_ops.fold_seed(self.seed(k, step), 0)
-               for k in range(num_senders)]
-      fused, own = {}, []
+      seeds = [ndq_ops.fold_seed(self.seed(i, step), 0)
+               for i in range(num_senders)]
+      all_seeds = tf.stack(seeds)
+      fused, own = collections.defaultdict(list), []
       for x in senders:
         with tf.device(x.device), tf.name_scope("ndq_encode"):
-          fused[x.index] = plan.flatten(x.tensors)
-          own.append((x.index, x.device,
-                      codec.bucket_scales(fused[x.index])))
+          for chunk in chunks:
+            fused[x.index].append(plan.flatten(x.tensors, chunk))
+          own.append((x.index, x.device, _join(
+              [codec.bucket_scales(part) for part in fused[x.index]])))
       with tf.name_scope("ndq_exchange"):
         shared = {r.local_sender: r
                   for r in transport.all_reduce(own, "Max", step=step)}
-      layout = ndq_ops.lane_layout(codec.alphabet_size, num_senders, n)
-      lanes = []
-      for x in senders:
-        scales = shared[x.index]
-        with tf.device(x.device), tf.name_scope("ndq_encode"), \
-            tf.control_dependencies(scales.checks):
-          symbols = codec.encode_symbols(fused[x.index], seeds[x.index],
-                                         scales.value)
-          lanes.append((x.index, x.device,
-                        ndq_ops.pack_lanes(symbols, layout)))
-      with tf.name_scope("ndq_exchange"):
-        sums = transport.all_reduce(lanes, "Add")
-      all_seeds = tf.stack(seeds)
-      for r in sums:
-        with tf.device(r.device), tf.name_scope("ndq_decode"):
-          total = codec.decode_symbol_sum(
-              ndq_ops.unpack_lanes(r.value, layout),
-              shared[r.local_sender].value, all_seeds, tf.float32)
-        with tf.device(r.device), tf.name_scope("ndq_sum"):
-          results.append(finish(total))
-      payload_bits = len(senders) * (layout.wire_bits
-                                     + 32 * codec.num_scales(n))
+      for k, chunk in enumerate(chunks):
+        first, count = chunk.start // d, codec.num_scales(chunk.length)
+        layout = ndq_ops.lane_layout(codec.alphabet_size, num_senders,
+                                     chunk.length)
+        with _chunk_scope(k, len(chunks)):
+          lanes = []
+          for x in senders:
+            scales = shared[x.index]
+            with tf.device(x.device), tf.name_scope("ndq_encode"), \
+                tf.control_dependencies(scales.checks):
+              symbols = codec.encode_symbols(
+                  fused[x.index][k], seeds[x.index],
+                  scales.value[first:first + count],
+                  dither_offset=chunk.start)
+              lanes.append((x.index, x.device,
+                            ndq_ops.pack_lanes(symbols, layout)))
+          with tf.name_scope("ndq_exchange"):
+            sums = transport.all_reduce(lanes, "Add")
+          for r, reduction in enumerate(sums):
+            devices[r] = reduction.device
+            with tf.device(reduction.device), tf.name_scope("ndq_decode"):
+              total = codec.decode_symbol_sum(
+                  ndq_ops.unpack_lanes(reduction.value, layout),
+                  shared[reduction.local_sender].value[first:first + count],
+                  all_seeds, tf.float32, dither_offset=chunk.start)
+            with tf.device(reduction.device), tf.name_scope("ndq_sum"):
+              totals[r].append(finish(total))
+        payload_bits += len(senders) * layout.wire_bits
+      payload_bits += len(senders) * 32 * codec.num_scales(plan.total_size)
       framing_bits = len(senders) * transport.framing_bits(True)
+    # The cost model of the whole buffer: chunks add at most one lane word
+    # each.
+    link_bits = theory.exchange_bits(codec, plan.total_size, num_senders,
+                                     "all_reduce")
+    results = []
+    for r in sorted(totals):
+      with tf.device(devices[r]), tf.name_scope("ndq_sum"):
+        results.append(plan.split_chunks(chunks, totals[r]))
     self._record(transport, plan, senders, lossless_values,
                  payload_bits=payload_bits, framing_bits=framing_bits,
-                 link_bits=len(senders) * theory.exchange_bits(
-                     codec, n, num_senders, "all_reduce"))
+                 link_bits=len(senders) * link_bits)
     return results
 
   def _update_nested_state(self, variables, senders, statistics, plan):

@@ -53,6 +53,7 @@ bucket the adaptive codec sent as DQSG). What a nested sender learns from
 its own decode lives in `ndq_tf.distribute.nested_state`.
 """
 
+import collections
 import hashlib
 
 import numpy as np
@@ -61,6 +62,7 @@ import tensorflow as tf
 from ndq_tf import ops as ndq_ops
 
 __all__ = [
+    "Chunk",
     "FusionPlan",
     "decode_senders",
     "decode_sum",
@@ -68,8 +70,17 @@ __all__ = [
     "encode_flat",
     "encode_fused",
     "sum_decoded",
+    "sum_senders",
     "wire_scales",
 ]
+
+
+#: One chunk of a fused buffer (`FusionPlan.chunks`): its elements
+#: `[start, start + length)` and the codec pieces that cover them, each
+#: `(segment, piece_start, piece_length, dither_offset)`: `segment` is the
+#: index of the plan's segment it belongs to (whose seed it draws from),
+#: and `dither_offset` is `piece_start` minus that segment's start.
+Chunk = collections.namedtuple("Chunk", ["start", "length", "pieces"])
 
 
 class FusionPlan:
@@ -208,6 +219,93 @@ class FusionPlan:
     """
     return self._segments
 
+  def chunks(self, chunk_elements=None):
+    """Splits the buffer into chunks that can be encoded and sent apart.
+
+    Bucketed plans (one segment) split on bucket boundaries into
+    `⌈total_size / chunk_elements⌉` chunks of nearly equal numbers of whole
+    buckets; a chunk draws the part of the segment's dither that its
+    elements take in the whole buffer (`Codec.encode(..., dither_offset=)`),
+    so its decode is bit for bit that slice of the whole buffer's decode.
+    Plans without buckets group whole segments (tensors) in order, a new
+    chunk starting once the current one holds `chunk_elements` or more.
+
+    Args:
+      chunk_elements: about how many elements per chunk; None (or at least
+        `total_size`): one chunk, the whole buffer.
+
+    Returns:
+      A tuple of `Chunk`s in buffer order (empty for an empty plan).
+
+    Raises:
+      ValueError: if `chunk_elements` is not a positive integer or None.
+    """
+    if chunk_elements is not None and (
+        isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int)
+        or chunk_elements < 1):
+      raise ValueError(
+          f"`chunk_elements` must be a positive integer or None. Received: "
+          f"chunk_elements={chunk_elements!r}.")
+    if not self._segments:
+      return ()
+    if chunk_elements is None or chunk_elements >= self._total_size:
+      return (Chunk(0, self._total_size, tuple(
+          (i, start, length, 0)
+          for i, (start, length) in enumerate(self._segments))),)
+    if self._bucket_size is not None:
+      d = self._bucket_size
+      num_buckets = self._total_size // d
+      count = min(num_buckets, -(-self._total_size // chunk_elements))
+      bounds = [num_buckets * k // count * d for k in range(count + 1)]
+      return tuple(Chunk(a, b - a, ((0, a, b - a, a),))
+                   for a, b in zip(bounds[:-1], bounds[1:]))
+    chunks, pieces = [], []
+    for i, (start, length) in enumerate(self._segments):
+      pieces.append((i, start, length, 0))
+      if sum(p[2] for p in pieces) >= chunk_elements:
+        chunks.append(pieces)
+        pieces = []
+    if pieces:
+      chunks.append(pieces)
+    return tuple(Chunk(p[0][1], sum(x[2] for x in p), tuple(p))
+                 for p in chunks)
+
+  def chunk_wire_words(self, codec, chunk):
+    """Length of one sender's `int32` wire of `chunk` with `codec`."""
+    return sum(codec.wire_bits(length) // 32
+               for _, _, length, _ in chunk.pieces)
+
+  def split_chunks(self, chunks, totals):
+    """`split` of a buffer given as the chunks' parts, without joining them.
+
+    A tensor inside one chunk is a slice of that chunk's part; only a
+    tensor that spans chunks is concatenated from its pieces.
+
+    Args:
+      chunks: the plan's `chunks(...)`.
+      totals: one 1-D float tensor per chunk, of the chunk's length.
+
+    Returns:
+      A list of tensors with the plan's shapes and dtypes.
+    """
+    if len(chunks) == 1:
+      return self.split(totals[0])
+    out = []
+    for shape, dtype, offset, n in zip(self._shapes, self._dtypes,
+                                       self._offsets, self._sizes):
+      parts = []
+      for chunk, total in zip(chunks, totals):
+        a = max(offset, chunk.start)
+        b = min(offset + n, chunk.start + chunk.length)
+        if a < b:
+          parts.append(total[a - chunk.start:b - chunk.start])
+      if not parts:
+        part = tf.zeros([0], totals[0].dtype)
+      else:
+        part = tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+      out.append(tf.cast(tf.reshape(part, shape), dtype))
+    return out
+
   def padding_mask(self):
     """`float32` `[total_size]`: 1 at the real elements, 0 at the padding.
 
@@ -253,14 +351,17 @@ class FusionPlan:
     """Bits the same tensors cost as plain `float32` (without padding)."""
     return 32 * self.num_elements
 
-  def flatten(self, tensors):
+  def flatten(self, tensors, chunk=None):
     """Fuses `tensors` into the padded `float32` buffer of this plan.
 
     Args:
       tensors: list of tensors of the plan's shapes (any floating dtype).
+      chunk: one of `chunks(...)`: only that chunk's elements of the
+        buffer (only the tensors it overlaps are read). None: all.
 
     Returns:
-      A 1-D `float32` tensor of `total_size` elements.
+      A 1-D `float32` tensor of `total_size` elements (`chunk.length` for a
+      chunk).
 
     Raises:
       ValueError: if the tensors do not match the plan.
@@ -270,6 +371,8 @@ class FusionPlan:
       raise ValueError(
           f"This plan fuses {len(self._shapes)} tensors. Received: "
           f"{len(tensors)} tensors.")
+    lo, hi = ((0, self._total_size) if chunk is None
+              else (chunk.start, chunk.start + chunk.length))
     parts = []
     for i, t in enumerate(tensors):
       t = tf.convert_to_tensor(t)
@@ -277,9 +380,17 @@ class FusionPlan:
         raise ValueError(
             f"Tensor {i} must have shape {self._shapes[i]}. Received: shape "
             f"{t.shape}.")
-      parts.append(tf.reshape(tf.cast(t, tf.float32), [-1]))
-      pad = self._padded_sizes[i] - self._sizes[i]
-      if pad:  # Zeros as their own piece: one copy (the concat), not two.
+      offset, size = self._offsets[i], self._sizes[i]
+      end = offset + self._padded_sizes[i]
+      if end <= lo or offset >= hi:
+        continue
+      a, b = max(offset, lo), min(offset + size, hi)
+      if a < b:
+        flat = tf.reshape(tf.cast(t, tf.float32), [-1])
+        parts.append(flat if (a, b) == (offset, offset + size)
+                     else flat[a - offset:b - offset])
+      pad = min(end, hi) - max(offset + size, lo)
+      if pad > 0:  # Zeros as their own piece: one copy (the concat), not two.
         parts.append(tf.zeros([pad], tf.float32))
     if not parts:
       return tf.zeros([0], tf.float32)
@@ -354,7 +465,7 @@ def encode_fused(codec, tensors, seed, plan=None, noise_scale=None):
                      noise_scale=noise_scale)
 
 
-def encode_flat(codec, fused, seed, plan, noise_scale=None):
+def encode_flat(codec, fused, seed, plan, noise_scale=None, chunk=None):
   """`encode_fused` of an already fused buffer (`plan.flatten(tensors)`).
 
   For callers that need the fused buffer themselves too (a nested sender's
@@ -362,13 +473,17 @@ def encode_flat(codec, fused, seed, plan, noise_scale=None):
 
   Args:
     codec: an `ndq_tf` codec.
-    fused: 1-D `float32` tensor of `plan.total_size` elements.
+    fused: 1-D `float32` tensor of `plan.total_size` elements, or the
+      chunk's `chunk.length` elements (`plan.flatten(tensors, chunk)`).
     seed: shape-`[2]` integer tensor, this sender's seed at this step.
     plan: the `FusionPlan` of the buffer.
-    noise_scale: as for `encode_fused`.
+    noise_scale: as for `encode_fused` (per bucket of the whole buffer).
+    chunk: one of `plan.chunks(...)`: encode only its elements, each with
+      the dither it has in the whole buffer. None: the whole buffer.
 
   Returns:
-    A 1-D `int32` tensor of `plan.wire_words(codec)` elements.
+    A 1-D `int32` tensor of `plan.wire_words(codec)` elements
+    (`plan.chunk_wire_words(codec, chunk)` for a chunk).
   """
   _check_plan(codec, plan)
   if noise_scale is not None and plan.bucket_size is None:
@@ -376,33 +491,48 @@ def encode_flat(codec, fused, seed, plan, noise_scale=None):
         f"`noise_scale` needs a bucketed codec (one value per bucket). "
         f"Received: codec={codec!r} without buckets.")
   wires = []
-  for index, (start, length) in enumerate(plan.segments):
+  base = 0 if chunk is None else chunk.start
+  for segment, start, length, offset in _pieces(plan, chunk):
     kwargs = {}
     if noise_scale is not None:
       first = start // plan.bucket_size
       kwargs["noise_scale"] = noise_scale[
           first:first + codec.num_scales(length)]
-    payload = codec.encode(fused[start:start + length],
-                           ndq_ops.fold_seed(seed, index), **kwargs)
+    if offset:
+      kwargs["dither_offset"] = offset
+    payload = codec.encode(fused[start - base:start - base + length],
+                           ndq_ops.fold_seed(seed, segment), **kwargs)
     wires.append(codec.to_wire(payload))
   if not wires:
     return tf.zeros([0], tf.int32)
   return tf.concat(wires, axis=0) if len(wires) > 1 else wires[0]
 
 
-def _decode_fused(codec, wire, seed, plan, side_information=None):
-  """Decodes one sender's wire into the fused `float32` buffer."""
+def _pieces(plan, chunk):
+  """The `(segment, start, length, dither_offset)` pieces of `chunk`."""
+  if chunk is not None:
+    return chunk.pieces
+  return tuple((i, start, length, 0)
+               for i, (start, length) in enumerate(plan.segments))
+
+
+def _decode_fused(codec, wire, seed, plan, side_information=None, chunk=None):
+  """Decodes one sender's wire into the fused (or chunk's) `float32` buffer."""
   parts = []
   wire_offset = 0
-  for index, (start, length) in enumerate(plan.segments):
+  base = 0 if chunk is None else chunk.start
+  for segment, start, length, offset in _pieces(plan, chunk):
     words = codec.wire_bits(length) // 32
     payload = codec.from_wire(wire[wire_offset:wire_offset + words],
                               [length], tf.float32)
     wire_offset += words
     kwargs = {}
     if codec.needs_side_information:
-      kwargs["side_information"] = side_information[start:start + length]
-    parts.append(codec.decode(payload, ndq_ops.fold_seed(seed, index),
+      kwargs["side_information"] = side_information[
+          start - base:start - base + length]
+    if offset:
+      kwargs["dither_offset"] = offset
+    parts.append(codec.decode(payload, ndq_ops.fold_seed(seed, segment),
                               **kwargs))
   if not parts:
     return tf.zeros([0], tf.float32)
@@ -417,7 +547,7 @@ def _sum(tensors):
 
 
 def decode_senders(codecs, wires, seeds, plan,
-                   return_side_information=False):
+                   return_side_information=False, chunk=None):
   """Decodes every sender's wire, in the given order, into fused buffers.
 
   The one place that fixes the decode order. Sender `i` is decoded with
@@ -433,10 +563,12 @@ def decode_senders(codecs, wires, seeds, plan,
     return_side_information: also return the side information every sender
       was decoded with (None for senders that need none), e.g. for
       `nested_sender_statistics`.
+    chunk: one of `plan.chunks(...)`, if the wires hold only that chunk
+      (`encode_flat(..., chunk=)`); the buffers are then the chunk's.
 
   Returns:
-    A list of 1-D `float32` tensors of `plan.total_size` elements, one per
-    sender (padding included); with `return_side_information`, the pair
+    A list of 1-D `float32` tensors of `plan.total_size` elements (the
+    chunk's length for a chunk), one per sender (padding included); with `return_side_information`, the pair
     `(decoded, side_information)` of two such lists.
 
   Raises:
@@ -464,7 +596,8 @@ def decode_senders(codecs, wires, seeds, plan,
             f"side information) comes first.")
       side_information = _sum(decoded) / len(decoded)
     side.append(side_information)
-    decoded.append(_decode_fused(codec, wire, seed, plan, side_information))
+    decoded.append(_decode_fused(codec, wire, seed, plan, side_information,
+                                 chunk))
   if return_side_information:
     return decoded, side
   return decoded
@@ -511,15 +644,30 @@ def sum_decoded(decoded, plan, mean=False, divisor=None):
   Returns:
     A list of tensors with the plan's shapes and dtypes.
   """
+  return plan.split(sum_senders(decoded, mean=mean, divisor=divisor))
+
+
+def sum_senders(decoded, mean=False, divisor=None):
+  """The deterministic sum of decoded buffers (one per sender, in order).
+
+  Args:
+    decoded: the list `decode_senders` returned (whole buffers or one
+      chunk's).
+    mean: divide the sum (in `float32`) by `divisor`.
+    divisor: what `mean` divides by; default the number of senders.
+
+  Returns:
+    One 1-D `float32` tensor.
+  """
   if not decoded:
     raise ValueError("`wires` must hold at least one sender. Received: [].")
   total = _sum(decoded)
   if mean:
     total = total / float(divisor or len(decoded))
-  return plan.split(total)
+  return total
 
 
-def wire_scales(codec, wire, plan):
+def wire_scales(codec, wire, plan, chunk=None):
   """The per-bucket `float32` scales inside one sender's wire.
 
   For an adaptive nested codec, a negative scale marks a bucket sent as
@@ -529,9 +677,11 @@ def wire_scales(codec, wire, plan):
     codec: the sender's bucketed codec.
     wire: its 1-D `int32` wire (from `encode_fused`).
     plan: the `FusionPlan` it encoded with.
+    chunk: the chunk the wire holds (`encode_flat(..., chunk=)`), or None.
 
   Returns:
-    `float32` `[plan.total_size // plan.bucket_size]`.
+    `float32` `[plan.total_size // plan.bucket_size]` (the chunk's buckets
+    for a chunk).
   """
   _check_plan(codec, plan)
   if plan.bucket_size is None:
@@ -539,7 +689,7 @@ def wire_scales(codec, wire, plan):
         f"`wire_scales` needs a bucketed codec. Received: codec={codec!r}.")
   parts = []
   wire_offset = 0
-  for _, length in plan.segments:
+  for _, _, length, _ in _pieces(plan, chunk):
     words = codec.num_words(length)
     scales = codec.num_scales(length)
     parts.append(tf.bitcast(

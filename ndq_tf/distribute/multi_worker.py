@@ -301,6 +301,11 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
       TF's float16 ring), or `"auto"` (default: the one the cost model
       `ndq_tf.theory.exchange_bits` says sends fewer bits, logged once;
       every worker picks the same). See docs/scaling.md.
+    chunk_elements: the fused gradients are encoded, exchanged and decoded
+      in chunks of about this many elements, so that one chunk travels
+      while the next is encoded and the previous decoded; bit for bit the
+      same result. None: one chunk. Default
+      `ndq_tf.distribute.DEFAULT_CHUNK_ELEMENTS`.
 
   Raises:
     ImportError: if this TensorFlow lacks an internal the strategy needs.
@@ -312,14 +317,15 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
                min_elements=options_lib.DEFAULT_MIN_ELEMENTS, seed=0,
                reference_codec=None, reference_workers=None,
                cluster_timeout=None, adaptive=None,
-               compress_indexed_slices=False, transport="auto"):
+               compress_indexed_slices=False, transport="auto",
+               chunk_elements=options_lib.DEFAULT_CHUNK_ELEMENTS):
     tf_internals.multi_worker()  # Raises if this TF lacks its internals.
     compression = options_lib.CompressionOptions(
         codec, min_elements=min_elements, seed=seed,
         compress_indexed_slices=compress_indexed_slices,
         reference_codec=reference_codec, reference_group=reference_workers,
         adaptive=adaptive, transport=transport,
-        group_argument="reference_workers")
+        chunk_elements=chunk_elements, group_argument="reference_workers")
     if cluster_timeout is not None and (
         isinstance(cluster_timeout, bool) or
         not isinstance(cluster_timeout, (int, float)) or cluster_timeout <= 0):
@@ -354,6 +360,11 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
   def transport(self):
     """The `transport` option (`"auto"`, `"all_gather"`, `"all_reduce"`)."""
     return self._compression.transport
+
+  @property
+  def chunk_elements(self):
+    """About how many elements per chunk of the exchange (None: one chunk)."""
+    return self._compression.chunk_elements
 
   @property
   def compressed_all_reduce(self):

@@ -228,7 +228,7 @@ class NestedStateStore(tf.Module):
 
 
 def sender_statistics(codec, wire, values, side_information, decoded,
-                             plan, noise_scale=None):
+                      plan, noise_scale=None, scales=None):
   """What a nested sender learns by decoding its own wire, with ground truth.
 
   Overload is silent at the receivers, but the sender knows its own gradient
@@ -252,6 +252,8 @@ def sender_statistics(codec, wire, values, side_information, decoded,
     noise_scale: adaptive mode: the `float32` `[num_buckets]` noise scales
       the sender encoded this call with (`encode_fused`), for
       `bucket_overloads`; None otherwise.
+    scales: the wire's per-bucket scales (`fusion.wire_scales`), instead
+      of `wire` (None then): an exchange in chunks has one wire per chunk.
 
   Returns:
     A dict of tensors:
@@ -280,7 +282,8 @@ def sender_statistics(codec, wire, values, side_information, decoded,
     raise ValueError(
         f"`sender_statistics` needs a nested codec (with side "
         f"information). Received: codec={codec!r}.")
-  scales = fusion.wire_scales(codec, wire, plan)
+  if scales is None:
+    scales = fusion.wire_scales(codec, wire, plan)
   alpha = float(codec.adaptive_alpha)
   kernel = _statistics_kernel(
       alpha, codec.coarse_ratio, codec.num_levels, plan.bucket_size,

@@ -16,6 +16,7 @@ from ndq_tf import codecs as ndq_codecs
 from ndq_tf import theory
 
 __all__ = [
+    "DEFAULT_CHUNK_ELEMENTS",
     "DEFAULT_MIN_ELEMENTS",
     "DEFAULT_REFERENCE_GROUP",
     "TRANSPORTS",
@@ -33,6 +34,12 @@ TRANSPORTS = ("auto", "all_gather", "all_reduce")
 #: tensors (biases, norm scales) whose per-element error matters most. The
 #: measurement is in docs/distribute.md ("Why `min_elements=256`").
 DEFAULT_MIN_ELEMENTS = 256
+
+#: Default `chunk_elements`: a fused buffer of more elements is exchanged
+#: in chunks of about this many, so that one chunk's exchange overlaps the
+#: next chunk's encode and the previous one's decode. The measurement is in
+#: docs/benchmarks.md ("Pipelined exchange").
+DEFAULT_CHUNK_ELEMENTS = 2**20
 
 #: Default size of the reference group P1 of a nested codec: half the
 #: senders.
@@ -125,6 +132,11 @@ class CompressionOptions:
       codecs whose payloads add up, `ndq_tf.theory.summed_form`), or
       `"auto"` (default): per exchange, the one that sends fewer bits by
       `ndq_tf.theory.exchange_bits` (`resolve_transport`).
+    chunk_elements: a fused buffer of more elements than this is encoded,
+      sent, decoded and summed in chunks of about this many (whole
+      buckets), so that the chunks' stages overlap; the result is bit for
+      bit the one without chunks (`FusionPlan.chunks`). None: one chunk.
+      Default `DEFAULT_CHUNK_ELEMENTS`.
     group_argument: the name the caller gave `reference_group` (e.g.
       `"reference_replicas"`, `"reference_workers"`), for error messages;
       not part of the config.
@@ -138,6 +150,7 @@ class CompressionOptions:
   def __init__(self, codec, min_elements=DEFAULT_MIN_ELEMENTS, seed=0,
                compress_indexed_slices=False, reference_codec=None,
                reference_group=None, adaptive=None, transport="auto",
+               chunk_elements=DEFAULT_CHUNK_ELEMENTS,
                group_argument="reference_group"):
     codec = coerce_codec(codec, "codec")
     self._min_elements = _check_int(min_elements, "min_elements", low=1)
@@ -153,6 +166,8 @@ class CompressionOptions:
      self._adaptive) = self._check_reference(codec, reference_codec,
                                              reference_group, adaptive)
     self._transport = self._check_transport(transport)
+    self._chunk_elements = (None if chunk_elements is None else _check_int(
+        chunk_elements, "chunk_elements", low=1))
 
   def _check_transport(self, transport):
     if transport not in TRANSPORTS:
@@ -179,6 +194,11 @@ class CompressionOptions:
   def transport(self):
     """`"auto"`, `"all_gather"` or `"all_reduce"`, as given."""
     return self._transport
+
+  @property
+  def chunk_elements(self):
+    """About how many elements per chunk of the exchange (None: one chunk)."""
+    return self._chunk_elements
 
   def resolve_transport(self, num_senders, num_elements):
     """The transport of an exchange of `num_elements` values among senders.
@@ -328,6 +348,7 @@ class CompressionOptions:
         "seed": self._seed,
         "compress_indexed_slices": self._compress_indexed_slices,
         "transport": self._transport,
+        "chunk_elements": self._chunk_elements,
     }
     if self.nested:
       config["reference_codec"] = keras.saving.serialize_keras_object(
@@ -357,4 +378,4 @@ class CompressionOptions:
     return (f"CompressionOptions(codec={self._codec!r}, min_elements="
             f"{self._min_elements}, seed={self._seed}, compress_indexed_slices="
             f"{self._compress_indexed_slices}{nested}, transport="
-            f"{self._transport!r})")
+            f"{self._transport!r}, chunk_elements={self._chunk_elements})")

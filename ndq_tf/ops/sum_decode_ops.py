@@ -53,11 +53,12 @@ def _check_seeds(seeds):
     raise TypeError(
         f"`seeds` must be an integer tensor of shape [P, 2]. Received: seeds "
         f"with dtype {seeds.dtype.name}.")
-  if (seeds.shape.rank != 2 or seeds.shape[1] != 2 or seeds.shape[0] is None
-      or seeds.shape[0] < 1):
+  if (seeds.shape.rank != 2 or seeds.shape[1] not in (2, 3)
+      or seeds.shape[0] is None or seeds.shape[0] < 1):
     raise ValueError(
         f"`seeds` must have a static shape [P, 2], P >= 1 (one seed per "
-        f"sender). Received: seeds with shape {seeds.shape}.")
+        f"sender), or [P, 3] with a dither offset. Received: seeds with "
+        f"shape {seeds.shape}.")
   return seeds
 
 
@@ -72,7 +73,9 @@ def dither_sum(seeds, num_elements, stream=0):
 
   Args:
     seeds: `[P, 2]` integer tensor, one shape-`[2]` seed per sender (the
-      seeds the senders encoded with), static `P`.
+      seeds the senders encoded with), static `P`; or `[P, 3]`, the third
+      word the dither offset (`uniform_dither(seed, n, stream, offset)`,
+      a chunk of a longer buffer; `Codec.encode(..., dither_offset=)`).
     num_elements: Python int `n`.
     stream: the dither stream (0 for DQSG).
 
@@ -81,10 +84,13 @@ def dither_sum(seeds, num_elements, stream=0):
     below `1/2` in magnitude, so the sum is exact.
   """
   seeds = _check_seeds(seeds)
+  with_offset = seeds.shape[1] == 3
 
   def add(total, seed):
+    offset = seed[2] if with_offset else 0
     return total + tf.cast(
-        random_ops.uniform_dither(seed, num_elements, stream), tf.float64)
+        random_ops.uniform_dither(seed[:2], num_elements, stream, offset),
+        tf.float64)
 
   # A loop over senders (a while loop under XLA), not P unrolled hashes.
   return tf.foldl(add, seeds, initializer=tf.zeros([num_elements], tf.float64))
@@ -144,7 +150,7 @@ def dithered_sum_dequantize(symbol_sum, scales, seeds, num_levels,
     scales: `[⌈n/bucket_size⌉]` float scales `κ_b`, the same for every
       sender (the max over senders of their max-norms).
     seeds: `[P, 2]` integer tensor: the seed each sender encoded with, in
-      any order.
+      any order (`[P, 3]` with a dither offset, see `dither_sum`).
     num_levels: `M`; the step is `Δ = 1/M` in max-normalized units.
     bucket_size: `d`, values per scale.
     dtype: the floating dtype of the result.
