@@ -47,6 +47,12 @@ _LAYERS = flags.DEFINE_list("layers", ["784", "1024", "512", "10"],
 _STEPS_PER_ROUND = 5
 _MIN_ELEMENTS = flags.DEFINE_integer(
     "min_elements", None, "CompressedAllReduce min_elements (default: its).")
+_CHUNKS = flags.DEFINE_list(
+    "chunk_elements", ["default"],
+    "CompressedAllReduce chunk_elements to compare, each an integer, none "
+    "(one chunk) or default (the library's); every codec runs with each.")
+_TRANSPORT = flags.DEFINE_string(
+    "transport", None, "CompressedAllReduce transport (default: its).")
 _ADAPTIVE = flags.DEFINE_bool(
     "adaptive", False,
     "Nested codecs (ndqsg...): the automatic mode. They get half the "
@@ -121,7 +127,20 @@ def main(argv):
   kwargs = {}
   if _MIN_ELEMENTS.value is not None:
     kwargs["min_elements"] = _MIN_ELEMENTS.value
-  for spec in _CODECS.value:
+  if _TRANSPORT.value is not None:
+    kwargs["transport"] = _TRANSPORT.value
+  chunk_options = []
+  for value in _CHUNKS.value:
+    if value == "default":
+      chunk_options.append(("", {}))
+    elif value == "none":
+      chunk_options.append((" @none", {"chunk_elements": None}))
+    else:
+      chunk_options.append((f" @{int(value)}",
+                            {"chunk_elements": int(value)}))
+  configurations = [(spec, label, chunk) for spec in _CODECS.value
+                    for label, chunk in chunk_options]
+  for spec, label, chunk in configurations:
     codec = ndq_tf.codecs.get(spec)
     nested = {}
     if codec.needs_side_information:
@@ -129,12 +148,12 @@ def main(argv):
                 "reference_replicas": 0.5, "adaptive": _ADAPTIVE.value}
     try:
       strategy = ndq_tf.distribute.MirroredStrategy(
-          codec=codec, devices=devices, **kwargs, **nested)
+          codec=codec, devices=devices, **kwargs, **nested, **chunk)
     except (TypeError, ValueError) as e:
       print(f"{spec}: skipped ({e})")
       continue
     step, _ = make_step(strategy, widths)
-    names.append(f"ndq {spec}")
+    names.append(f"ndq {spec}{label}")
     steps.append(step)
     strategies.append(strategy)
   medians = time_round_robin(steps)
@@ -154,8 +173,8 @@ def main(argv):
       raise RuntimeError(
           f"{name}: {stats['step']} compressed exchanges in {total_steps} "
           "steps; the gradient all-reduce was not compressed every step.")
-    rows.append((name, seconds, stats["wire_bits_per_element"],
-                 stats["step"]))
+    rows.append((f"{name} [{stats['transport']}]", seconds,
+                 stats["wire_bits_per_element"], stats["step"]))
   reference = rows[0][1]
   print(f"\nMLP {widths} ({params} parameters), {len(devices)} logical CPU "
         f"replicas, global batch {_BATCH_SIZE.value}, median of "

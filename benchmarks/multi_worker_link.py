@@ -26,6 +26,11 @@ about 5M parameters by default) for `--warmup` + `--steps` steps:
   coarse_ratio=3)` on workers 1 to P-1 and that DQSG on worker 0,
   all-gathered.
 
+An ndq_tf method may carry the strategy's `chunk_elements` after an `@`:
+`dqsg_ag@none` exchanges the fused gradients in one piece, `dqsg_ag@262144`
+in chunks of about 2**18 elements (pipelined: one chunk travels while the
+next is encoded); without `@`, the strategy's default.
+
 What is measured, per (P, rate, method):
 
 * **Step time**: the median of the timed steps on each worker, the
@@ -149,10 +154,34 @@ def _header_bytes():
   return HEADER_BYTES + (TIMESTAMP_BYTES if timestamps else 0)
 
 
+def _split_method(spec):
+  """`(method, chunk_elements)` of `METHOD[@CHUNK]`; chunk "default" if none.
+
+  Raises:
+    ValueError: naming the spec, for an unknown method or a bad chunk.
+  """
+  method, at, chunk = spec.partition("@")
+  if method not in METHODS or (at and method == "float32"):
+    raise ValueError(
+        f"a method must be one of {', '.join(METHODS)}, the ndq_tf ones "
+        f"optionally with @CHUNK_ELEMENTS (an integer or none). Received: "
+        f"{spec!r}")
+  if not at:
+    return method, "default"
+  if chunk == "none":
+    return method, None
+  if not chunk.isdigit() or int(chunk) < 1:
+    raise ValueError(
+        f"the chunk after @ must be a positive integer or none. Received: "
+        f"{spec!r}")
+  return method, int(chunk)
+
+
 def _strategy(args):
   """The method's strategy; None codec for TF's own."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if args.method == "float32":
+  method, chunk = _split_method(args.method)
+  if method == "float32":
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
             implementation=tf.distribute.experimental.CommunicationImplementation.RING,
@@ -160,14 +189,16 @@ def _strategy(args):
   import ndq_tf  # pylint: disable=g-import-not-at-top
   dqsg = f"dqsg:num_levels={args.dqsg_levels}"
   kwargs = {}
-  if args.method == "float16":
+  if chunk != "default":
+    kwargs["chunk_elements"] = chunk
+  if method == "float16":
     codec = "float16"
-  elif args.method == "ndqsg":
+  elif method == "ndqsg":
     codec = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)
-    kwargs = dict(reference_codec=dqsg, reference_workers=1)
+    kwargs.update(reference_codec=dqsg, reference_workers=1)
   else:
     codec = dqsg
-  transport = TRANSPORT[args.method]
+  transport = TRANSPORT[method]
   if "transport" in inspect.signature(
       ndq_tf.MultiWorkerMirroredStrategy).parameters:
     kwargs["transport"] = transport
@@ -261,7 +292,8 @@ def run_worker(args):
     times.append(time.perf_counter() - start)
   after = _link_counters(interface)
   per_step = {k: (after[k] - before[k]) / args.steps for k in after}
-  model_bits, model = _model_bits(strategy, args.method, params, num_workers)
+  model_bits, model = _model_bits(strategy, _split_method(args.method)[0],
+                                  params, num_workers)
   result = {
       "method": args.method,
       "worker": task_id,
@@ -275,7 +307,7 @@ def run_worker(args):
       "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       **model,
   }
-  if args.method != "float32":
+  if _split_method(args.method)[0] != "float32":
     # The optimizer's gradient all-reduce is compressed by default, one
     # exchange per step: fewer would mean a timed lossless all-reduce.
     if model["compressed_exchanges"] != args.warmup + args.steps:
@@ -720,9 +752,9 @@ def main():
   p.add_argument("--unlimited", action="store_true",
                  help="Also run every method without a bandwidth limit.")
   p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
-                 choices=METHODS,
-                 help=f"Methods to compare (default: "
-                      f"{' '.join(DEFAULT_METHODS)}).")
+                 help=f"Methods to compare, of {', '.join(METHODS)}; an "
+                      f"ndq_tf one may end in @CHUNK_ELEMENTS or @none "
+                      f"(default: {' '.join(DEFAULT_METHODS)}).")
   p.add_argument("--repeats", type=int, default=1,
                  help="Launches of every method per (P, rate), in "
                       "alternating order; the table has the median of their "
@@ -756,6 +788,11 @@ def main():
       p.error(f"--num_workers must be in [2, {MAX_WORKERS}]. Received: {n}")
   if args.repeats < 1:
     p.error(f"--repeats must be >= 1. Received: {args.repeats}")
+  for spec in args.methods + [args.method]:
+    try:
+      _split_method(spec)
+    except ValueError as e:
+      p.error(f"--methods: {e}")
   if args.timeout <= 0:
     p.error(f"--timeout must be > 0. Received: {args.timeout:g}")
   if len(args.layers) < 2 or min(args.layers) < 1:

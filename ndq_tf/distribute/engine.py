@@ -104,6 +104,23 @@ def _join(parts):
   return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
 
 
+def _split_results(plan, chunks, totals, devices):
+  """Every receiver's list of summed tensors from its chunks' sums.
+
+  `totals` maps a receiver to its sum per chunk; receivers without sums of
+  their own (on a transport with `shared_memory`) get the first one's
+  tensors, handed over on their devices.
+  """
+  results = []
+  for r in sorted(devices):
+    with tf.device(devices[r]), tf.name_scope("ndq_sum"):
+      if r in totals:
+        results.append(plan.split_chunks(chunks, totals[r]))
+      else:
+        results.append([tf.identity(t) for t in results[0]])
+  return results
+
+
 def _model_bits(codecs, num_elements, num_senders):
   """`all_gather` and `all_reduce` bits by the cost model, for the log."""
   parts = []
@@ -371,6 +388,32 @@ class ExchangeEngine(tf.Module):
         link_bits += theory.exchange_bits(codecs, chunk.length, num_senders,
                                           "all_gather")
 
+        if transport.shared_memory:
+          # One memory: every receiver would decode the same payloads into
+          # the same bits, so each sender is decoded once, on its own
+          # device, and every receiver gets the one sum.
+          for r, reception in enumerate(receptions):
+            devices[r] = reception.device
+          first = receptions[0]
+          with tf.name_scope("ndq_decode"), \
+              tf.control_dependencies(first.checks):
+            seeds = [self.seed(i, step) for i in range(num_senders)]
+            decoded, side = fusion.decode_senders(
+                codecs, first.wires, seeds, plan,
+                return_side_information=True, chunk=chunk,
+                devices=[x.device for x in sorted(senders,
+                                                  key=lambda x: x.index)])
+            for me in nested:
+              mine = own[me]
+              mine["values"].append(fused[me])
+              mine["side"].append(side[me])
+              mine["decoded"].append(decoded[me])
+              mine["scales"].append(fusion.wire_scales(
+                  codecs[me], first.wires[me], plan, chunk))
+          with tf.device(first.device), tf.name_scope("ndq_sum"):
+            totals[0].append(fusion.sum_senders(decoded, mean=mean,
+                                                divisor=divisor))
+          continue
         for r, reception in enumerate(receptions):
           devices[r] = reception.device
           with tf.device(reception.device), tf.name_scope("ndq_decode"), \
@@ -402,10 +445,7 @@ class ExchangeEngine(tf.Module):
             totals[r].append(fusion.sum_senders(decoded, mean=mean,
                                                 divisor=divisor))
 
-    results = []
-    for r in sorted(totals):
-      with tf.device(devices[r]), tf.name_scope("ndq_sum"):
-        results.append(plan.split_chunks(chunks, totals[r]))
+    results = _split_results(plan, chunks, totals, devices)
     if nested:
       statistics = {}
       for me, mine in own.items():
@@ -501,6 +541,8 @@ class ExchangeEngine(tf.Module):
             sums = transport.all_reduce(lanes, "Add")
           for r, reduction in enumerate(sums):
             devices[r] = reduction.device
+            if transport.shared_memory and r > 0:
+              continue  # One memory: the first receiver's decode serves all.
             with tf.device(reduction.device), tf.name_scope("ndq_decode"):
               total = codec.decode_symbol_sum(
                   ndq_ops.unpack_lanes(reduction.value, layout),
@@ -515,10 +557,7 @@ class ExchangeEngine(tf.Module):
     # each.
     link_bits = theory.exchange_bits(codec, plan.total_size, num_senders,
                                      "all_reduce")
-    results = []
-    for r in sorted(totals):
-      with tf.device(devices[r]), tf.name_scope("ndq_sum"):
-        results.append(plan.split_chunks(chunks, totals[r]))
+    results = _split_results(plan, chunks, totals, devices)
     self._record(transport, plan, senders, lossless_values,
                  payload_bits=payload_bits, framing_bits=framing_bits,
                  link_bits=len(senders) * link_bits)

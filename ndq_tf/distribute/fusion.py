@@ -54,6 +54,7 @@ its own decode lives in `ndq_tf.distribute.nested_state`.
 """
 
 import collections
+import contextlib
 import hashlib
 
 import numpy as np
@@ -547,7 +548,7 @@ def _sum(tensors):
 
 
 def decode_senders(codecs, wires, seeds, plan,
-                   return_side_information=False, chunk=None):
+                   return_side_information=False, chunk=None, devices=None):
   """Decodes every sender's wire, in the given order, into fused buffers.
 
   The one place that fixes the decode order. Sender `i` is decoded with
@@ -565,6 +566,8 @@ def decode_senders(codecs, wires, seeds, plan,
       `nested_sender_statistics`.
     chunk: one of `plan.chunks(...)`, if the wires hold only that chunk
       (`encode_flat(..., chunk=)`); the buffers are then the chunk's.
+    devices: the device to decode each sender on (its side information
+      is made there too); None: the current device for all.
 
   Returns:
     A list of 1-D `float32` tensors of `plan.total_size` elements (the
@@ -586,18 +589,20 @@ def decode_senders(codecs, wires, seeds, plan,
   decoded, side = [], []
   for sender, (codec, wire, seed) in enumerate(zip(codecs, wires, seeds)):
     _check_plan(codec, plan)
-    side_information = None
-    if codec.needs_side_information:
-      if not decoded:
-        raise ValueError(
-            f"Sender {sender} uses {type(codec).__name__}, which needs side "
-            f"information, but no sender was decoded before it: order the "
-            f"senders so that at least one reference sender (a codec without "
-            f"side information) comes first.")
-      side_information = _sum(decoded) / len(decoded)
-    side.append(side_information)
-    decoded.append(_decode_fused(codec, wire, seed, plan, side_information,
-                                 chunk))
+    with (tf.device(devices[sender]) if devices is not None
+          else contextlib.nullcontext()):
+      side_information = None
+      if codec.needs_side_information:
+        if not decoded:
+          raise ValueError(
+              f"Sender {sender} uses {type(codec).__name__}, which needs "
+              f"side information, but no sender was decoded before it: order "
+              f"the senders so that at least one reference sender (a codec "
+              f"without side information) comes first.")
+        side_information = _sum(decoded) / len(decoded)
+      side.append(side_information)
+      decoded.append(_decode_fused(codec, wire, seed, plan, side_information,
+                                   chunk))
   if return_side_information:
     return decoded, side
   return decoded

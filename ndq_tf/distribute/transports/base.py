@@ -3,8 +3,11 @@
 import abc
 import collections
 
+import tensorflow as tf
+
 __all__ = [
     "check_worker_id",
+    "shares_memory",
     "Reception",
     "Reduction",
     "SummingTransport",
@@ -38,6 +41,11 @@ class Transport(abc.ABC):
 
   #: The name reported in the telemetry.
   name = None
+
+  #: Whether every receiver of this process reads the same memory (replicas
+  #: on the host's CPU devices): the engine then decodes each payload once
+  #: and gives every receiver the same sum (`shares_memory`).
+  shared_memory = False
 
   @property
   @abc.abstractmethod
@@ -80,6 +88,9 @@ class SummingTransport(abc.ABC):
   #: The name reported in the telemetry.
   name = None
 
+  #: As for `Transport.shared_memory`: the engine decodes the sum once.
+  shared_memory = False
+
   @property
   @abc.abstractmethod
   def num_senders(self):
@@ -112,6 +123,21 @@ class SummingTransport(abc.ABC):
     """
     del step_checked
     return 0
+
+
+def shares_memory(devices):
+  """Whether `devices` are all CPU devices of one task (one host memory).
+
+  Replicas on such devices exchange nothing that moves: a "copy" between
+  them hands over the same buffer. Any other device (a GPU), or devices of
+  several tasks, do not share memory.
+  """
+  specs = [tf.DeviceSpec.from_string(d) for d in devices]
+  return bool(specs) and all(
+      (s.device_type or "").upper() == "CPU"
+      and (s.job, s.replica, s.task) == (specs[0].job, specs[0].replica,
+                                         specs[0].task)
+      for s in specs)
 
 
 def check_worker_id(worker_id, num_workers):

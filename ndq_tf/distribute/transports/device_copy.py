@@ -15,6 +15,9 @@ class DeviceCopyTransport(base.Transport):
   Only the packed `int32` payloads cross devices: each receiver gets a
   copy (`tf.identity` on its device) of every replica's payload.
 
+  On the host's CPU devices (`shared_memory`), nothing moves in either
+  case and the engine decodes once for all replicas.
+
   Args:
     devices: the replicas' devices, in sender order.
   """
@@ -23,6 +26,7 @@ class DeviceCopyTransport(base.Transport):
 
   def __init__(self, devices):
     self._devices = tuple(devices)
+    self.shared_memory = base.shares_memory(self._devices)
 
   @property
   def num_senders(self):

@@ -19,6 +19,9 @@ class DeviceSumTransport(base.SummingTransport):
   copied to every device: one reduction, so every replica gets the same
   bits (integer sums are exact anyway; a float16/float32 sum is made once).
 
+  On the host's CPU devices (`shared_memory`), nothing moves in either
+  case and the engine decodes once for all replicas.
+
   Args:
     devices: the replicas' devices, in sender order.
   """
@@ -27,6 +30,7 @@ class DeviceSumTransport(base.SummingTransport):
 
   def __init__(self, devices):
     self._devices = tuple(devices)
+    self.shared_memory = base.shares_memory(self._devices)
 
   @property
   def num_senders(self):
