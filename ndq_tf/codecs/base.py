@@ -391,55 +391,6 @@ class Codec:
     return tf.cast(tf.reshape(flat, payload.shape), payload.dtype)
 
   @_do_not_convert
-  def encode_and_decode(self, x, seed=None, dither_offset=0):
-    """`encode(x)`, and the sender's own `decode` of what it sent.
-
-    A sender that also receives (every replica, every worker) needs the
-    decode of its own payload too. Codecs with buckets make both in one
-    compiled pass for `float32` input, so the dither is drawn once and the
-    codes are not unpacked again; the decode is bit for bit the one of
-    `decode(payload, seed, dither_offset=dither_offset)` (tests compare
-    them on every codec, NaN and Inf buckets included). Other inputs and
-    codecs encode, then decode.
-
-    Args:
-      x: as for `encode`.
-      seed: as for `encode`.
-      dither_offset: as for `encode`.
-
-    Returns:
-      `(payload, decoded)`: a `Payload` and a tensor of `x`'s shape and
-      dtype.
-
-    Raises:
-      ValueError: for a codec that needs side information (its decode
-        needs the other senders' decodes), and as `encode`.
-    """
-    if self.needs_side_information:
-      raise ValueError(
-          f"{type(self).__name__} decodes with side information, which the "
-          f"sender alone does not have: call encode, then decode with it.")
-    x = _check_input(x)
-    n = x.shape.num_elements()
-    if x.dtype != tf.float32 or n == 0 or not self._fuses_decode:
-      payload = self.encode(x, seed, dither_offset=dither_offset)
-      return payload, self.decode(payload, seed, dither_offset=dither_offset)
-    seed = self._check_seed(seed, self.needs_encode_seed, "encode")
-    seed = self._offset_seed(seed, dither_offset)
-    words, scales, decoded = self._encode_decode_impl(tf.reshape(x, [-1]),
-                                                      seed)
-    return (Payload(words=words, scales=scales, shape=x.shape, dtype=x.dtype),
-            tf.reshape(decoded, x.shape))
-
-  #: Whether `_encode_decode_impl` makes the payload and its decode in one
-  #: pass (`encode_and_decode`).
-  _fuses_decode = False
-
-  def _encode_decode_impl(self, flat, seed):
-    """`(words, scales, decoded)` of a flat `float32` tensor."""
-    raise NotImplementedError
-
-  @_do_not_convert
   def to_wire(self, payload):
     """Flattens a payload into one `int32` tensor: words, then scales' bits."""
     return tf.concat(

@@ -130,21 +130,6 @@ class BucketedCodec(base.Codec):
     return self._compiled("_dequantize_stage")(symbols, scales, n, seed,
                                                side_information, dtype)
 
-  # A sender's encode and its own decode (`encode_and_decode`): one XLA
-  # computation for the quantizer and the dequantizer, where XLA computes
-  # the dither once for both; the packing stays a computation of its own.
-  _fuses_decode = True
-
-  def _quantize_decode_stage(self, x, seed):
-    symbols, scales = self._quantize_stage(x, seed)
-    return symbols, scales, self._dequantize_stage(
-        symbols, scales, x.shape[0], seed, None, tf.float32)
-
-  def _encode_decode_impl(self, flat, seed):
-    symbols, scales, decoded = self._compiled("_quantize_decode_stage")(
-        flat, seed)
-    return self._compiled("_pack_stage")(symbols), scales, decoded
-
   # The one-computation forms, for callers that compile a whole step.
   def _encode_flat(self, x, seed):
     symbols, scales = self._quantize_stage(x, seed)

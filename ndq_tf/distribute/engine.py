@@ -367,24 +367,16 @@ class ExchangeEngine(tf.Module):
     payload_words = framing_bits = link_bits = 0
     for k, chunk in enumerate(chunks):
       with _chunk_scope(k, len(chunks)):
-        # A sender decodes its own payload as it encodes it (one pass,
-        # the same bits); nested senders need the others' decodes first.
-        fused, wires, known = {}, [], {}
+        fused, wires = {}, []
         for row, sender in enumerate(senders):
           with tf.device(sender.device), tf.name_scope("ndq_encode"):
             fused[sender.index] = plan.flatten(sender.tensors, chunk)
-            if sender.index in nested:
-              wires.append(fusion.encode_flat(
-                  codecs[sender.index], fused[sender.index],
-                  self.seed(sender.index, step), plan,
-                  noise_scale=None if noise is None else noise[row],
-                  chunk=chunk))
-            else:
-              wire, known[sender.index] = fusion.encode_flat(
-                  codecs[sender.index], fused[sender.index],
-                  self.seed(sender.index, step), plan, chunk=chunk,
-                  return_decoded=True)
-              wires.append(wire)
+            wires.append(fusion.encode_flat(
+                codecs[sender.index], fused[sender.index],
+                self.seed(sender.index, step), plan,
+                noise_scale=(noise[row] if noise is not None
+                             and sender.index in nested else None),
+                chunk=chunk))
 
         words = [plan.chunk_wire_words(c, chunk) for c in codecs]
         with tf.name_scope("ndq_exchange"):
@@ -410,8 +402,7 @@ class ExchangeEngine(tf.Module):
                 codecs, first.wires, seeds, plan,
                 return_side_information=True, chunk=chunk,
                 devices=[x.device for x in sorted(senders,
-                                                  key=lambda x: x.index)],
-                known=known)
+                                                  key=lambda x: x.index)])
             for me in nested:
               mine = own[me]
               mine["values"].append(fused[me])
@@ -434,7 +425,6 @@ class ExchangeEngine(tf.Module):
             seeds = [self.seed(i, step if steps is None else steps[i])
                      for i in range(num_senders)]
             me = reception.local_sender
-            at_hand = {me: known[me]} if me in known else None
             if me in nested:
               decoded, side = fusion.decode_senders(
                   codecs, reception.wires, seeds, plan,
@@ -450,8 +440,7 @@ class ExchangeEngine(tf.Module):
                   codecs[me], reception.wires[me], plan, chunk))
             else:
               decoded = fusion.decode_senders(codecs, reception.wires, seeds,
-                                              plan, chunk=chunk,
-                                              known=at_hand)
+                                              plan, chunk=chunk)
           with tf.device(reception.device), tf.name_scope("ndq_sum"):
             totals[r].append(fusion.sum_senders(decoded, mean=mean,
                                                 divisor=divisor))

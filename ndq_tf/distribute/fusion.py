@@ -466,8 +466,7 @@ def encode_fused(codec, tensors, seed, plan=None, noise_scale=None):
                      noise_scale=noise_scale)
 
 
-def encode_flat(codec, fused, seed, plan, noise_scale=None, chunk=None,
-                return_decoded=False):
+def encode_flat(codec, fused, seed, plan, noise_scale=None, chunk=None):
   """`encode_fused` of an already fused buffer (`plan.flatten(tensors)`).
 
   For callers that need the fused buffer themselves too (a nested sender's
@@ -482,25 +481,17 @@ def encode_flat(codec, fused, seed, plan, noise_scale=None, chunk=None,
     noise_scale: as for `encode_fused` (per bucket of the whole buffer).
     chunk: one of `plan.chunks(...)`: encode only its elements, each with
       the dither it has in the whole buffer. None: the whole buffer.
-    return_decoded: also return the sender's own decode of the wire, bit
-      for bit what `decode_senders` gives for it (`codec.encode_and_decode`:
-      one pass for both); not for codecs with side information.
 
   Returns:
     A 1-D `int32` tensor of `plan.wire_words(codec)` elements
-    (`plan.chunk_wire_words(codec, chunk)` for a chunk); with
-    `return_decoded`, the pair of it and the decoded `float32` buffer (of
-    `fused`'s length).
+    (`plan.chunk_wire_words(codec, chunk)` for a chunk).
   """
   _check_plan(codec, plan)
   if noise_scale is not None and plan.bucket_size is None:
     raise ValueError(
         f"`noise_scale` needs a bucketed codec (one value per bucket). "
         f"Received: codec={codec!r} without buckets.")
-  if return_decoded and noise_scale is not None:
-    raise ValueError("`return_decoded` is not for codecs with `noise_scale` "
-                     "(nested codecs decode with side information).")
-  wires, decoded = [], []
+  wires = []
   base = 0 if chunk is None else chunk.start
   for segment, start, length, offset in _pieces(plan, chunk):
     kwargs = {}
@@ -510,26 +501,12 @@ def encode_flat(codec, fused, seed, plan, noise_scale=None, chunk=None,
           first:first + codec.num_scales(length)]
     if offset:
       kwargs["dither_offset"] = offset
-    piece = fused[start - base:start - base + length]
-    piece_seed = ndq_ops.fold_seed(seed, segment)
-    if return_decoded:
-      payload, piece_decoded = codec.encode_and_decode(piece, piece_seed,
-                                                       **kwargs)
-      decoded.append(piece_decoded)
-    else:
-      payload = codec.encode(piece, piece_seed, **kwargs)
+    payload = codec.encode(fused[start - base:start - base + length],
+                           ndq_ops.fold_seed(seed, segment), **kwargs)
     wires.append(codec.to_wire(payload))
-  wire = _join(wires, tf.int32)
-  if return_decoded:
-    return wire, _join(decoded, tf.float32)
-  return wire
-
-
-def _join(parts, dtype):
-  """The concatenation of 1-D `parts` (the part itself if only one)."""
-  if not parts:
-    return tf.zeros([0], dtype)
-  return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+  if not wires:
+    return tf.zeros([0], tf.int32)
+  return tf.concat(wires, axis=0) if len(wires) > 1 else wires[0]
 
 
 def _pieces(plan, chunk):
@@ -571,8 +548,7 @@ def _sum(tensors):
 
 
 def decode_senders(codecs, wires, seeds, plan,
-                   return_side_information=False, chunk=None, devices=None,
-                   known=None):
+                   return_side_information=False, chunk=None, devices=None):
   """Decodes every sender's wire, in the given order, into fused buffers.
 
   The one place that fixes the decode order. Sender `i` is decoded with
@@ -592,9 +568,6 @@ def decode_senders(codecs, wires, seeds, plan,
       (`encode_flat(..., chunk=)`); the buffers are then the chunk's.
     devices: the device to decode each sender on (its side information
       is made there too); None: the current device for all.
-    known: `{sender: decoded buffer}` of senders whose decode is already at
-      hand (`encode_flat(..., return_decoded=True)` on this device): used
-      as is, in its place in the order.
 
   Returns:
     A list of 1-D `float32` tensors of `plan.total_size` elements (the
@@ -628,11 +601,8 @@ def decode_senders(codecs, wires, seeds, plan,
               f"without side information) comes first.")
         side_information = _sum(decoded) / len(decoded)
       side.append(side_information)
-      if known and sender in known:
-        decoded.append(known[sender])
-      else:
-        decoded.append(_decode_fused(codec, wire, seed, plan,
-                                     side_information, chunk))
+      decoded.append(_decode_fused(codec, wire, seed, plan, side_information,
+                                   chunk))
   if return_side_information:
     return decoded, side
   return decoded
