@@ -90,8 +90,19 @@ SECOND_WAVE = {
     "step_offset": (2, "all_reduce", ["--steps", "3", "--step_offset",
                                       str(STEP_OFFSET)]),
 }
+# The exchange in chunks of one bucket (issue #12): the compressed kernel
+# (2048 values) travels as 4 chunks; the weights must be those of the
+# unchunked jobs `auto2` (the all-gather, 3 steps) and `p2` (all-reduce).
+CHUNK = 512
+THIRD_WAVE = {
+    "chunks_ag": (2, "all_gather", ["--steps", str(AUTO_STEPS),
+                                    "--chunk_elements", str(CHUNK)]),
+    "chunks_ar": (2, "all_reduce", ["--steps", str(STEPS),
+                                    "--chunk_elements", str(CHUNK)]),
+}
+WAVES = (FIRST_WAVE, SECOND_WAVE, THIRD_WAVE)
 FAILING = ("die", "step_offset")
-JOBS = dict(FIRST_WAVE, **SECOND_WAVE)
+JOBS = dict(FIRST_WAVE, **SECOND_WAVE, **THIRD_WAVE)
 AUTO_JOBS = ("auto2", "p8")
 
 
@@ -142,13 +153,13 @@ class _FailingRun:
 
 
 class _Jobs:
-  """Every job of the file; the second wave starts once the first is done."""
+  """Every job of the file; a wave starts once the one before is done."""
 
   def __init__(self, tmp_path_factory):
     self._tmp = tmp_path_factory
     self._jobs = {}
-    self._second_started = False
-    self._start(FIRST_WAVE)
+    self._waves_started = 1
+    self._start(WAVES[0])
 
   def _start(self, wave):
     for name, (num_workers, transport, args) in wave.items():
@@ -162,19 +173,22 @@ class _Jobs:
             WORKER, args, out_dir, MARKER, num_workers=num_workers,
             timeout=JOB_TIMEOUT, name=name)
 
-  def _start_second_wave(self):
-    if not self._second_started:
-      self._second_started = True
-      for name in FIRST_WAVE:
-        try:
-          self._jobs[name].results()
-        except pytest.fail.Exception:
-          pass  # Reported by the tests of that job.
-      self._start(SECOND_WAVE)
+  def _start_next_wave(self):
+    for name in WAVES[self._waves_started - 1]:
+      job = self._jobs[name]
+      try:
+        if name in FAILING:
+          job.result()
+        else:
+          job.results()
+      except pytest.fail.Exception:
+        pass  # Reported by the tests of that job.
+    self._start(WAVES[self._waves_started])
+    self._waves_started += 1
 
   def __getitem__(self, name):
-    if name not in self._jobs:
-      self._start_second_wave()
+    while name not in self._jobs:
+      self._start_next_wave()
     return self._jobs[name]
 
   def stop(self):
@@ -313,3 +327,21 @@ def test_workers_at_different_steps_fail_naming_both_steps(jobs):
   assert (f"the largest step is] [{STEP_OFFSET}] [and the smallest] [0]"
           in output), output[-5000:]
   assert f"] {MARKER} {{" not in output, output
+
+
+@pytest.mark.parametrize("name, unchunked", [("chunks_ag", "auto2"),
+                                             ("chunks_ar", "p2")])
+def test_chunked_exchange_leaves_the_weights_of_one_exchange(jobs, name,
+                                                             unchunked):
+  """Chunks of one bucket, on both transports: the unchunked job's bits."""
+  num_workers, transport, _ = JOBS[name]
+  steps = AUTO_STEPS if name == "chunks_ag" else STEPS
+  results = jobs[name].results()
+  for r in results:
+    assert r["stats"]["transport"] == transport
+    assert r["stats"]["step"] == steps
+  reference = jobs[unchunked].results()
+  assert [r["weights"] for r in results] == [r["weights"] for r in reference]
+  if transport == "all_gather":  # Every chunk's row has its own header.
+    assert (results[0]["stats"]["sent_bits"]
+            > reference[0]["stats"]["sent_bits"])

@@ -45,6 +45,8 @@ def _parse():
                  help="The worker that dies.")
   p.add_argument("--step_offset", type=int, default=0,
                  help="Added to worker 1's compression step before fit.")
+  p.add_argument("--chunk_elements", type=int, default=None,
+                 help="The strategy's chunk_elements (default: its own).")
   return p.parse_args()
 
 
@@ -55,8 +57,10 @@ def _train(args, worker):
   import ndq_tf  # pylint: disable=g-import-not-at-top
 
   start = time.time()
+  chunks = ({} if args.chunk_elements is None
+            else {"chunk_elements": args.chunk_elements})
   strategy = ndq_tf.MultiWorkerMirroredStrategy(
-      codec=args.codec, transport=args.transport, seed=5,
+      codec=args.codec, transport=args.transport, seed=5, **chunks,
       communication_options=tf.distribute.experimental.CommunicationOptions(
           timeout_seconds=120))
   num_workers = strategy.num_replicas_in_sync
