@@ -364,6 +364,13 @@ class ExchangeEngine(tf.Module):
     devices = {}
     # The local nested senders' own chunks, for their statistics.
     own = collections.defaultdict(lambda: collections.defaultdict(list))
+
+    def keep_own(me, values, wire, side, decoded, chunk):
+      own[me]["values"].append(values)
+      own[me]["side"].append(side)
+      own[me]["decoded"].append(decoded)
+      own[me]["scales"].append(fusion.wire_scales(codecs[me], wire, plan,
+                                                  chunk))
     payload_words = framing_bits = link_bits = 0
     for k, chunk in enumerate(chunks):
       with _chunk_scope(k, len(chunks)):
@@ -395,7 +402,7 @@ class ExchangeEngine(tf.Module):
           for r, reception in enumerate(receptions):
             devices[r] = reception.device
           first = receptions[0]
-          with tf.name_scope("ndq_decode"), \
+          with tf.device(first.device), tf.name_scope("ndq_decode"), \
               tf.control_dependencies(first.checks):
             seeds = [self.seed(i, step) for i in range(num_senders)]
             decoded, side = fusion.decode_senders(
@@ -404,12 +411,8 @@ class ExchangeEngine(tf.Module):
                 devices=[x.device for x in sorted(senders,
                                                   key=lambda x: x.index)])
             for me in nested:
-              mine = own[me]
-              mine["values"].append(fused[me])
-              mine["side"].append(side[me])
-              mine["decoded"].append(decoded[me])
-              mine["scales"].append(fusion.wire_scales(
-                  codecs[me], first.wires[me], plan, chunk))
+              keep_own(me, fused[me], first.wires[me], side[me],
+                       decoded[me], chunk)
           with tf.device(first.device), tf.name_scope("ndq_sum"):
             totals[0].append(fusion.sum_senders(decoded, mean=mean,
                                                 divisor=divisor))
@@ -432,12 +435,8 @@ class ExchangeEngine(tf.Module):
               # The nested sender on this device knows its true gradient:
               # its exact noise and real overloads (only [num_buckets]
               # floats and a few scalars leave the device).
-              mine = own[me]
-              mine["values"].append(fused[me])
-              mine["side"].append(side[me])
-              mine["decoded"].append(decoded[me])
-              mine["scales"].append(fusion.wire_scales(
-                  codecs[me], reception.wires[me], plan, chunk))
+              keep_own(me, fused[me], reception.wires[me], side[me],
+                       decoded[me], chunk)
             else:
               decoded = fusion.decode_senders(codecs, reception.wires, seeds,
                                               plan, chunk=chunk)
