@@ -598,11 +598,13 @@ def launch_workers():
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+  # The workers run from the repository's root: the output path is made
+  # absolute here, where a relative one was meant.
   command = [sys.executable, "-m", "ndq_tf.launch", "--num_workers",
              str(_NUM_WORKERS.value), "--timeout", str(_TIMEOUT.value), "--",
-             sys.executable, os.path.abspath(__file__)] + sys.argv[1:]
-  if not any(a.startswith("--out") for a in sys.argv[1:]):
-    command.append(f"--out={os.path.abspath(_OUT.value)}")
+             sys.executable, os.path.abspath(__file__)] + [
+                 a for a in sys.argv[1:] if not a.startswith("--out")]
+  command.append(f"--out={os.path.abspath(_OUT.value)}")
   return subprocess.call(command, cwd=root)
 
 
