@@ -215,7 +215,8 @@ class BucketedCodec(base.Codec):
     seeds = tf.convert_to_tensor(seeds)
     # `[P, 3]`: every sender's seed with the offset, as `_offset_seed`
     # makes it (which also checks the offset); offset 0 keeps `[P, 2]`.
-    if self._offset_seed(tf.zeros([2], tf.int32), dither_offset).shape[0] == 3:
+    checked = self._offset_seed(tf.zeros([2], tf.int32), dither_offset)
+    if checked.shape[0] == 3:
       seeds = tf.concat([
           tf.cast(seeds, tf.int64),
           tf.fill([tf.shape(seeds)[0], 1],

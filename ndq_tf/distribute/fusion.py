@@ -517,7 +517,8 @@ def _pieces(plan, chunk):
                for i, (start, length) in enumerate(plan.segments))
 
 
-def _decode_fused(codec, wire, seed, plan, side_information=None, chunk=None):
+def _decode_fused(codec, wire, seed, plan, side_information=None,
+                  chunk=None):
   """Decodes one sender's wire into the fused (or chunk's) `float32` buffer."""
   parts = []
   wire_offset = 0
@@ -571,8 +572,9 @@ def decode_senders(codecs, wires, seeds, plan,
 
   Returns:
     A list of 1-D `float32` tensors of `plan.total_size` elements (the
-    chunk's length for a chunk), one per sender (padding included); with `return_side_information`, the pair
-    `(decoded, side_information)` of two such lists.
+    chunk's length for a chunk), one per sender (padding included); with
+    `return_side_information`, the pair `(decoded, side_information)` of
+    two such lists.
 
   Raises:
     ValueError: if the lengths differ or a sender needing side information

@@ -37,8 +37,9 @@ DEFAULT_MIN_ELEMENTS = 256
 
 #: Default `chunk_elements`: a fused buffer of more elements is exchanged
 #: in chunks of about this many, so that one chunk's exchange overlaps the
-#: next chunk's encode and the previous one's decode. The measurement is in
-#: docs/benchmarks.md ("Pipelined exchange").
+#: next chunk's encode and the previous one's decode. Why this size:
+#: docs/distribute.md ("Chunks"), measured in docs/benchmarks.md ("Two
+#: workers on fast links; the pipelined exchange").
 DEFAULT_CHUNK_ELEMENTS = 2**20
 
 #: Default size of the reference group P1 of a nested codec: half the
