@@ -304,14 +304,15 @@ def shared_scale_variance(num_levels, num_workers, kappa_max=1.0):
 TRANSPORTS = ("all_gather", "all_reduce", "float32_ring", "float16_ring")
 
 #: Words of the header of every row of the collective all-gather (magic,
-#: sender, step, payload words), as
+#: sender, step, payload words, fingerprint), as
 #: `ndq_tf.distribute.transports.all_gather.HEADER_WORDS` sends them.
-ALL_GATHER_HEADER_WORDS = 4
+ALL_GATHER_HEADER_WORDS = 5
 
-#: Extra float32 words of the all-reduce's MAX of the scales: the step,
-#: stamped so that workers whose steps disagree stop with an error, as
+#: Extra float32 words of the all-reduce's MAX of the scales: the step and
+#: the exchange's fingerprint, stamped so that workers whose steps or
+#: options disagree stop with an error, as
 #: `ndq_tf.distribute.transports.collective_sum.STAMP_WORDS` sends them.
-ALL_REDUCE_STAMP_WORDS = 4
+ALL_REDUCE_STAMP_WORDS = 8
 
 # Codecs of ndq_tf.codecs whose codes add up, by their exact class (theory
 # cannot import the codecs, which import it; a subclass may decode

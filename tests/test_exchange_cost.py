@@ -55,14 +55,14 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
     # DQSG M = 1, d = 4, n = 10, P = 3.
     codec = _dqsg(1, 4)
     # Payload: ceil(10/20) = 1 word of codes + ceil(10/4) = 3 scales;
-    # row: 4 header words + 4 = 8 words; (P - 1) rows sent.
+    # row: 5 header words + 4 = 9 words; (P - 1) rows sent.
     self.assertEqual(theory.exchange_bits(codec, 10, 3, "all_gather"),
-                     2 * 8 * 32)
+                     2 * 9 * 32)
     # Sums up to 3·2 = 6: 3-bit lanes, 10 per int32: 1 word (an int64 would
-    # be 64 bits); plus 3 float32 scales and the 4 words of step stamps,
-    # through rings: 2(P-1)/P = 4/3.
+    # be 64 bits); plus 3 float32 scales and the 8 words of step and
+    # fingerprint stamps, through rings: 2(P-1)/P = 4/3.
     self.assertAlmostEqual(theory.exchange_bits(codec, 10, 3, "all_reduce"),
-                           4 / 3 * (32 + (3 + 4) * 32))
+                           4 / 3 * (32 + (3 + 8) * 32))
     self.assertAlmostEqual(theory.exchange_bits(None, 10, 3, "float32_ring"),
                            4 / 3 * 320)
     self.assertAlmostEqual(theory.exchange_bits(None, 10, 3, "float16_ring"),
@@ -70,13 +70,13 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_larger_case_by_hand(self):
     # Ternary DQSG, d = 512, n = 2**20, P = 8: 5-bit lanes, 6 per int32
-    # (12 per int64: as dense): 174763 words; 2048 scales, 4 stamp words.
+    # (12 per int64: as dense): 174763 words; 2048 scales, 8 stamp words.
     codec = _dqsg(1, 512)
     words = -(-_N // 6)
     self.assertAlmostEqual(theory.exchange_bits(codec, _N, 8, "all_reduce"),
-                           2 * 7 / 8 * 32 * (words + 2048 + 4))
+                           2 * 7 / 8 * 32 * (words + 2048 + 8))
     self.assertEqual(theory.exchange_bits(codec, _N, 8, "all_gather"),
-                     7 * 32 * (4 + -(-_N // 20) + 2048))
+                     7 * 32 * (5 + -(-_N // 20) + 2048))
 
   def test_nested_group_rows_are_padded_to_the_longest_payload(self):
     # P1 = one DQSG(M = 3) sender (7 symbols, 11 per word), P2 = two NDQSG
@@ -86,9 +86,9 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
                                         bucket_size=64)
     codecs = [reference, nested, nested]
     self.assertEqual(theory.exchange_bits(codecs, 100, 3, "all_gather"),
-                     2 * 32 * (4 + 12))
+                     2 * 32 * (5 + 12))
     self.assertEqual(theory.exchange_bits([nested] * 3, 100, 3, "all_gather"),
-                     2 * 32 * (4 + 7))
+                     2 * 32 * (5 + 7))
     self.assertEqual(theory.auto_transport(codecs, 100, 3), "all_gather")
     with self.assertRaisesRegex(ValueError, "`codec`.*same for every worker"):
       theory.exchange_bits(codecs, 100, 3, "all_reduce")
@@ -231,7 +231,8 @@ class BreakEvenTest(tf.test.TestCase):
                     theory.exchange_bits(None, _N, 1024, "float16_ring"))
     self.assertTrue(np.isclose(
         theory.exchange_bits(codec, _N, 1024, "all_gather") / _N,
-        1023 * (theory.bits_per_element(codec, _N) + 4 * 32 / _N)))
+        1023 * (theory.bits_per_element(codec, _N)
+                + theory.ALL_GATHER_HEADER_WORDS * 32 / _N)))
 
 
 if __name__ == "__main__":

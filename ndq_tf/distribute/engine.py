@@ -11,6 +11,8 @@ owns, for both alike:
   least two senders, outside `ndq_tf.distribute.uncompressed()`;
 * the fusion plan (`fusion.FusionPlan`) and the seeds: sender `s` at step
   `t` draws its dither from `fold_seed(fold_seed([seed, SEED_TAG], t), s)`;
+* the exchange's fingerprint (`fingerprint`: options, plan, kind), which
+  the transports stamp and check beside the step;
 * the senders' codecs (the reference group P1 first, then the nested
   senders P2);
 * encoding on each local sender's device;
@@ -49,6 +51,7 @@ from absl import logging
 
 from ndq_tf import ops as ndq_ops
 from ndq_tf import theory
+from ndq_tf.distribute import fingerprint
 from ndq_tf.distribute import fusion
 from ndq_tf.distribute import nested_state
 from ndq_tf.distribute import scope
@@ -323,20 +326,22 @@ class ExchangeEngine(tf.Module):
                  "ndq_tf.theory.exchange_bits).", num_senders, kind,
                  _model_bits(codecs, plan.total_size, num_senders),
                  plan.total_size)
+    # What every receiver must agree on, checked by the transports.
+    mark = fingerprint.fingerprint(options, plan.signature, kind)
     if kind == "all_reduce":
       results = self._exchange_sum(transports["all_reduce"], codecs[0], plan,
                                    senders, step, mean, divisor,
-                                   lossless_values)
+                                   lossless_values, mark)
     else:
       results = self._exchange_gather(transports["all_gather"], codecs, plan,
                                       senders, step, mean, divisor,
-                                      lossless_values)
+                                      lossless_values, mark)
     with tf.device(self._device):
       self.step.assign_add(1)
     return results
 
   def _exchange_gather(self, transport, codecs, plan, senders, step, mean,
-                       divisor, lossless_values):
+                       divisor, lossless_values, mark):
     """Every sender's payload to every receiver; decode each, then sum.
 
     Chunk by chunk (`FusionPlan.chunks`): chunk `k` is encoded, moved,
@@ -389,7 +394,7 @@ class ExchangeEngine(tf.Module):
         with tf.name_scope("ndq_exchange"):
           receptions = transport.exchange(
               [(x.index, x.device, w) for x, w in zip(senders, wires)],
-              words, step)
+              words, step, fingerprint=mark)
         payload_words += sum(words[i] for i in local)
         framing_bits += transport.framing_bits(words, local)
         link_bits += theory.exchange_bits(codecs, chunk.length, num_senders,
@@ -464,7 +469,7 @@ class ExchangeEngine(tf.Module):
     return results
 
   def _exchange_sum(self, transport, codec, plan, senders, step, mean,
-                    divisor, lossless_values):
+                    divisor, lossless_values, mark):
     """Shared scales, codes summed as integers, one decode of the sum.
 
     One MAX all-reduce shares the scales of the whole buffer; then chunk by
@@ -519,7 +524,8 @@ class ExchangeEngine(tf.Module):
               [codec.bucket_scales(part) for part in fused[x.index]])))
       with tf.name_scope("ndq_exchange"):
         shared = {r.local_sender: r
-                  for r in transport.all_reduce(own, "Max", step=step)}
+                  for r in transport.all_reduce(own, "Max", step=step,
+                                                fingerprint=mark)}
       for k, chunk in enumerate(chunks):
         first, count = chunk.start // d, codec.num_scales(chunk.length)
         layout = ndq_ops.lane_layout(codec.alphabet_size, num_senders,

@@ -28,6 +28,7 @@ import itertools
 import tensorflow as tf
 
 from ndq_tf.distribute import engine as engine_lib
+from ndq_tf.distribute import fingerprint
 from ndq_tf.distribute import gradient_detection
 from ndq_tf.distribute import options as options_lib
 from ndq_tf.distribute import startup_watchdog
@@ -100,6 +101,8 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
         options)
     self._engine = engine or engine_lib.ExchangeEngine(
         compression, device=self._exchange_device)
+    # Keras' steps_per_execution runs the step in a loop (tf_internals).
+    tf_internals.loop_safe_collectives(self, self._launcher)
 
   @property
   def engine(self):
@@ -113,6 +116,20 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
   @property
   def num_workers(self):
     return self._num_workers
+
+  def check_agreement(self):
+    """Raises on every worker if the workers' compression options differ.
+
+    Eager collectives of fixed shape (`fingerprint.check_agreement`); the
+    error names each setting at fault and every worker's value.
+    """
+    def gather(row):
+      with tf.device(self._exchange_device):
+        return tf_internals.all_gather(self._launcher, tf.constant(row),
+                                       self._options).numpy()
+    fingerprint.check_agreement(gather, self._engine.options,
+                                self._num_workers, _WHO,
+                                names={"reference_group": "reference_workers"})
 
   def batch_reduce_implementation(self, reduce_op, value_destination_pairs,
                                   options):
@@ -203,6 +220,9 @@ class _CompressedCollectiveExtended(gradient_detection.LabellingExtendedMixin,
                                             description=_WHO):
         super()._initialize_multi_worker(cluster_resolver)
     self._install_compressed_ops()
+    if self._num_workers > 1:
+      # Before any exchange, whose sizes could differ (see fingerprint).
+      self._cross_device_ops.check_agreement()
 
   def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
     if not tf.executing_eagerly() and not self._use_merge_call():
@@ -226,6 +246,8 @@ class _CompressedCollectiveExtended(gradient_detection.LabellingExtendedMixin,
         labels=self.reduction_labels,
         engine=self._engine)
     self._engine = self._cross_device_ops.engine
+    tf_internals.loop_safe_collectives(
+        getattr(self, "_host_cross_device_ops", None))
 
 
 def _rank(value):

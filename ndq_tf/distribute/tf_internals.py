@@ -44,6 +44,7 @@ __all__ = [
     "in_xla_context",
     "is_jit_compiled",
     "keras_optimizer_in_scope",
+    "loop_safe_collectives",
     "multi_worker",
     "multi_worker_available",
     "plain_variable",
@@ -280,3 +281,68 @@ def all_gather(launcher, value, options):
 def multi_worker_available():
   """Whether `multi_worker()` would succeed."""
   return _MULTI_WORKER is not None
+
+
+# -- steps_per_execution: collective instance keys inside an outer loop ------
+#
+# Keras runs `steps_per_execution > 1` steps as a `tf.while_loop` in one
+# `tf.function` whose body calls the step's own `tf.function`. TF's
+# `CollectiveReplicaLauncher._next_instance_key` gives every collective of
+# a function a fresh instance key at *call* time (`capture_call_time_value`),
+# but that capture does not propagate out of a function called in a loop
+# body: the step fails with "You must feed a value for placeholder tensor
+# 'while/body/.../Placeholder'", under TF's own MultiWorkerMirroredStrategy
+# too. Only there, the launchers of the ndq_tf strategy instead take the
+# instance key at trace time, as TF does with its unique-key preference off
+# (`CollectiveReplicaLauncher._prefer_unique_instance_key`, a class-wide
+# switch this leaves alone): every worker traces the same program in the
+# same order, so the keys agree, and keys drawn at trace time never meet
+# the call-time keys drawn later from the same counter.
+
+
+def _in_loop_of_outer_function():
+  """Whether the function being built is called in another function's loop."""
+  if tf.executing_eagerly():
+    return False
+  graph = tf.compat.v1.get_default_graph()
+  while getattr(graph, "is_control_flow_graph", False):
+    graph = graph.outer_graph
+  if not getattr(graph, "building_function", False):
+    return False
+  outer = getattr(graph, "outer_graph", None)
+  while outer is not None:
+    if getattr(outer, "is_control_flow_graph", False):
+      return True
+    outer = getattr(outer, "outer_graph", None)
+  return False
+
+
+def _loop_safe(launcher):
+  # pylint: disable=protected-access
+  if getattr(launcher, "_ndq_loop_safe", False):
+    return
+  call_time_key = launcher._next_instance_key
+
+  def next_instance_key():
+    if _in_loop_of_outer_function():
+      return launcher._collective_keys.get_instance_key(
+          launcher._group_key, launcher._device)
+    return call_time_key()
+
+  # On this launcher only; TF's class and other strategies are untouched.
+  launcher._next_instance_key = next_instance_key
+  launcher._ndq_loop_safe = True
+
+
+def loop_safe_collectives(*owners):
+  """Lets these collectives run in a loop of an outer `tf.function`.
+
+  Args:
+    *owners: `CollectiveAllReduce` cross-device ops (all their launchers)
+      or `CollectiveReplicaLauncher`s; None is skipped.
+  """
+  for owner in owners:
+    if owner is None:
+      continue
+    for launcher in getattr(owner, "_launchers", None) or [owner]:
+      _loop_safe(launcher)

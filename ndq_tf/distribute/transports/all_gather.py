@@ -1,12 +1,14 @@
 """One collective all-gather of framed payloads: the multi-worker transport.
 
-Every worker is one sender. Its payload is framed by a 4-word header
-(magic, sender, step, payload words) and zero-padded to the longest
-payload of the exchange (one all-gather moves rows of one length); rows are
-put back in sender order whatever order the collective delivered them in,
-and checked: a malformed header, or senders whose steps disagree (restored
-from different checkpoints, say), stop the step with an error naming them
-rather than decode with the wrong dither.
+Every worker is one sender. Its payload is framed by a 5-word header
+(magic, sender, step, payload words, fingerprint) and zero-padded to the
+longest payload of the exchange (one all-gather moves rows of one length);
+rows are put back in sender order whatever order the collective delivered
+them in, and checked: a malformed header, senders whose steps disagree
+(restored from different checkpoints, say), or whose fingerprints
+(`ndq_tf.distribute.fingerprint`: options, fusion plan, exchange kind)
+disagree, stop the step with an error naming them rather than decode with
+the wrong dither or codec.
 
 Cost per worker and step: it receives `(P - 1)` rows of
 `HEADER_WORDS + max(words)` words.
@@ -22,8 +24,8 @@ __all__ = [
     "AllGatherTransport",
 ]
 
-#: Header of every row: magic, sender, step, payload words.
-HEADER_WORDS = 4
+#: Header of every row: magic, sender, step, payload words, fingerprint.
+HEADER_WORDS = 5
 MAGIC = 0x4E445131  # "NDQ1"
 
 
@@ -58,7 +60,7 @@ class AllGatherTransport(base.Transport):
     return 32 * sum(HEADER_WORDS + max(words) - words[k]
                     for k in local_senders)
 
-  def exchange(self, local_wires, words, step):
+  def exchange(self, local_wires, words, step, fingerprint=0):
     ((sender, _, wire),) = local_wires
     if sender != self._worker_id:
       raise ValueError(
@@ -68,7 +70,8 @@ class AllGatherTransport(base.Transport):
     with tf.device(self._device):
       header = tf.stack([
           tf.constant(MAGIC, tf.int32), tf.constant(sender, tf.int32),
-          tf.cast(step, tf.int32), tf.constant(words[sender], tf.int32)])
+          tf.cast(step, tf.int32), tf.constant(words[sender], tf.int32),
+          tf.constant(fingerprint, tf.int32)])
       row = tf.concat([header, wire, tf.zeros([row_words - words[sender]],
                                               tf.int32)], axis=0)
       gathered = self._all_gather(row)
@@ -85,8 +88,7 @@ class AllGatherTransport(base.Transport):
                              checks=checks)]
 
   def _check_headers(self, rows, words):
-    magic, senders, steps, lengths = (rows[:, 0], rows[:, 1], rows[:, 2],
-                                      rows[:, 3])
+    magic, senders, steps, lengths, prints = (rows[:, i] for i in range(5))
     well_formed = tf.reduce_all(tf.stack([
         tf.reduce_all(tf.equal(magic, MAGIC)),
         tf.reduce_all(tf.equal(
@@ -96,7 +98,7 @@ class AllGatherTransport(base.Transport):
     header_ok = tf.debugging.Assert(well_formed, [
         f"{self._who}: malformed compressed payload; every worker must run "
         "the same program with the same codec and model. (magic, sender, "
-        "step, words) per worker:", rows[:, :HEADER_WORDS]],
+        "step, words, fingerprint) per worker:", rows[:, :HEADER_WORDS]],
                                     summarize=HEADER_WORDS * self._num_workers)
     low = tf.argmin(steps, output_type=tf.int32)
     high = tf.argmax(steps, output_type=tf.int32)
@@ -107,4 +109,14 @@ class AllGatherTransport(base.Transport):
          senders[low], "sent step", steps[low], "but worker", senders[high],
          "sent step", steps[high], ". Restore every worker from the same "
          "checkpoint (the step variable is `strategy.compression_step`)."])
-    return [header_ok, steps_ok]
+    low = tf.argmin(prints, output_type=tf.int32)
+    high = tf.argmax(prints, output_type=tf.int32)
+    prints_ok = tf.debugging.Assert(
+        tf.equal(prints[low], prints[high]),
+        [f"{self._who}: workers disagree on what they exchange (the "
+         "fingerprint of their compression options, fusion plan and "
+         "exchange kind), so each would decode the others' payloads "
+         "wrongly: worker", senders[low], "sent fingerprint", prints[low],
+         "but worker", senders[high], "sent", prints[high], ". Every worker "
+         "must run the same program, with the same options and model."])
+    return [header_ok, steps_ok, prints_ok]

@@ -53,7 +53,7 @@ class Transport(abc.ABC):
     """Senders of the exchange, all processes together."""
 
   @abc.abstractmethod
-  def exchange(self, local_wires, words, step):
+  def exchange(self, local_wires, words, step, fingerprint=0):
     """Moves the local senders' payloads; returns a list of `Reception`.
 
     Args:
@@ -63,6 +63,10 @@ class Transport(abc.ABC):
         order: the receivers cut the payloads by it.
       step: the `int32` step of this exchange (a transport that frames its
         payloads stamps it on them).
+      fingerprint: the exchange's `int32` fingerprint
+        (`ndq_tf.distribute.fingerprint`); a transport whose senders live
+        in other processes stamps it on the payloads and checks that every
+        sender sent the same, in the `checks` of its result.
     """
 
   def framing_bits(self, words, local_senders):
@@ -97,7 +101,7 @@ class SummingTransport(abc.ABC):
     """Senders of the exchange, all processes together."""
 
   @abc.abstractmethod
-  def all_reduce(self, local_values, merge_op, step=None):
+  def all_reduce(self, local_values, merge_op, step=None, fingerprint=0):
     """Sums (or maxes) the local senders' tensors with everyone else's.
 
     Args:
@@ -110,13 +114,14 @@ class SummingTransport(abc.ABC):
         senders live in other processes then checks that every sender is at
         the same step (their seeds, so their dithers, depend on it), with
         an error naming the steps, in the `checks` of its result.
+      fingerprint: with `step`, the exchange's fingerprint, checked alike.
 
     Returns:
       A list of `Reduction`, one per receiver of this process.
     """
 
   def framing_bits(self, step_checked):
-    """Bits each local sender sends beyond its tensors (step stamps).
+    """Bits each local sender sends beyond its tensors (step and fingerprint stamps).
 
     Args:
       step_checked: whether the reduction carried the step.

@@ -7,11 +7,13 @@ the per-bucket scales. A NaN scale is sent as +Inf (NCCL's max need not
 propagate NaN; +Inf decodes to NaN all the same).
 
 No headers travel: an all-reduce cannot tell senders apart. The step each
-worker encodes at is stamped instead on the scales' `Max` as
-`STAMP_WORDS` floats (the step's low 24 and high bits, and their negatives:
-the max of `-s` is minus the smallest `s`); workers whose steps disagree
-stop with an error giving the largest and the smallest step rather than
-decode with the wrong dither.
+worker encodes at, and the exchange's fingerprint
+(`ndq_tf.distribute.fingerprint`: options, fusion plan, exchange kind), are
+stamped instead on the scales' `Max` as `STAMP_WORDS` floats (the step's
+low 24 and high bits, the fingerprint's two 16-bit halves, and their
+negatives: the max of `-s` is minus the smallest `s`); workers whose steps
+or fingerprints disagree stop with an error giving the largest and the
+smallest rather than decode with the wrong dither or codec.
 
 Cost per worker and step: a ring all-reduce sends `2(P - 1)/P` times the
 tensor (`ndq_tf.theory.exchange_bits`).
@@ -27,8 +29,9 @@ __all__ = [
 ]
 
 #: Float32 words stamped on the `Max` of the scales: low and high parts of
-#: the step, and their negatives.
-STAMP_WORDS = 4
+#: the step, the fingerprint's two 16-bit halves, and their negatives.
+STAMP_WORDS = 8
+_STAMP = STAMP_WORDS // 2
 _LOW_BITS = 24  # float32 holds integers below 2**24 exactly
 _MERGE_OPS = ("Add", "Max")
 
@@ -63,7 +66,7 @@ class CollectiveSumTransport(base.SummingTransport):
   def framing_bits(self, step_checked):
     return 32 * STAMP_WORDS if step_checked else 0
 
-  def all_reduce(self, local_values, merge_op, step=None):
+  def all_reduce(self, local_values, merge_op, step=None, fingerprint=0):
     if merge_op not in _MERGE_OPS:
       raise ValueError(
           f"`merge_op` must be one of {_MERGE_OPS}. Received: "
@@ -88,15 +91,27 @@ class CollectiveSumTransport(base.SummingTransport):
         return [base.Reduction(self._device, self._all_reduce(value, merge_op),
                                sender, [])]
       n = value.shape[0]
-      stamp = _stamp(step)
+      unsigned = fingerprint & 0xFFFFFFFF  # Two halves, exact in float32.
+      stamp = tf.concat([_stamp(step), tf.constant(
+          [unsigned & 0xFFFF, unsigned >> 16], tf.float32)], 0)
       reduced = self._all_reduce(tf.concat([value, stamp, -stamp], 0), "Max")
-      largest, smallest = reduced[n:n + 2], -reduced[n + 2:]
+      largest = reduced[n:n + _STAMP]
+      smallest = -reduced[n + _STAMP:]
       checks.append(tf.debugging.Assert(
-          tf.reduce_all(tf.equal(largest, smallest)),
+          tf.reduce_all(tf.equal(largest[2:], smallest[2:])),
+          [f"{self._who}: workers disagree on what they exchange (the "
+           "fingerprint of their compression options, fusion plan and "
+           "exchange kind), so the codes they sum would be decoded wrongly: "
+           "the fingerprints reduce to", _unstamp(largest[2:], 16),
+           "(the largest of each 16-bit half) and", _unstamp(smallest[2:], 16),
+           "(the smallest). Every worker must run the same program, with the "
+           "same options and model."]))
+      checks.append(tf.debugging.Assert(
+          tf.reduce_all(tf.equal(largest[:2], smallest[:2])),
           [f"{self._who}: workers disagree on the compression step, so "
            "their dither seeds differ and decoding would be silently wrong: "
-           "the largest step is", _unstamp(largest), "and the smallest",
-           _unstamp(smallest), ". Restore every worker from the same "
+           "the largest step is", _unstamp(largest[:2]), "and the smallest",
+           _unstamp(smallest[:2]), ". Restore every worker from the same "
            "checkpoint (the step variable is `strategy.compression_step`)."]))
       with tf.control_dependencies(checks):
         value = tf.identity(reduced[:n])
@@ -111,6 +126,6 @@ def _stamp(step):
   return tf.cast(tf.stack([low, high]), tf.float32)
 
 
-def _unstamp(stamp):
+def _unstamp(stamp, low_bits=_LOW_BITS):
   parts = tf.cast(stamp, tf.int64)
-  return parts[0] + tf.bitwise.left_shift(parts[1], _LOW_BITS)
+  return parts[0] + tf.bitwise.left_shift(parts[1], low_bits)

@@ -32,8 +32,9 @@ class DeviceCopyTransport(base.Transport):
   def num_senders(self):
     return len(self._devices)
 
-  def exchange(self, local_wires, words, step):
-    del words, step  # One process, one counter: nothing to frame.
+  def exchange(self, local_wires, words, step, fingerprint=0):
+    # One process, one counter, one options object: nothing to frame.
+    del words, step, fingerprint
     wires = [w for _, _, w in sorted(local_wires, key=lambda x: x[0])]
     if len(wires) != len(self._devices):
       raise ValueError(

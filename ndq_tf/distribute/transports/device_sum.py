@@ -36,8 +36,9 @@ class DeviceSumTransport(base.SummingTransport):
   def num_senders(self):
     return len(self._devices)
 
-  def all_reduce(self, local_values, merge_op, step=None):
-    del step  # One process, one counter: nothing to check.
+  def all_reduce(self, local_values, merge_op, step=None, fingerprint=0):
+    # One process, one counter, one options object: nothing to check.
+    del step, fingerprint
     if merge_op not in _MERGE_OPS:
       raise ValueError(
           f"`merge_op` must be one of {_MERGE_OPS}. Received: "

@@ -1,0 +1,160 @@
+"""What every sender must agree on: the wire fingerprint and the options check.
+
+A receiver decodes every sender's payload with its *own* options: codec and
+its config, reference codec and group, adaptive mode, seed, `min_elements`,
+`chunk_elements`, and with its own fusion plan and exchange kind. A sender
+that differs in any of them would be decoded as garbage without a word, or
+caught only by TF's generic "Shape mismatch in the collective instance"
+when sizes differ. Two guards stop that, each with an error on every
+worker:
+
+* `check_agreement`, once when a multi-worker strategy is built: two small
+  all-gathers of fixed shape (the length of each worker's options config,
+  then the configs padded to the longest), compared in Python, so that the
+  error names the setting at fault and every worker's value. Fixed shapes:
+  a mismatch in sizes cannot crash in TF's shape check before the
+  comparison.
+* `fingerprint`, on every exchange: one 32-bit hash of the options' full
+  config (`CompressionOptions.get_config()`, so that codec options added
+  later are covered without a change here), the fusion plan's signature
+  and the exchange kind. The all-gather carries it in every row's header,
+  the integer all-reduce on the MAX of the scales beside the step
+  (`transports`); senders whose fingerprints differ stop the step, naming
+  them. It catches what the options check cannot (another model, hence
+  another plan, of the same size) and covers exchanges built without the
+  strategy (`MultiWorkerCompressedAllReduce` on its own).
+
+Cost: docs/scaling.md ("What every exchange carries").
+"""
+
+import hashlib
+import json
+
+import numpy as np
+
+__all__ = [
+    "CONFIG_MAGIC",
+    "check_agreement",
+    "config_words",
+    "describe_differences",
+    "fingerprint",
+]
+
+#: First word of the options check's length row ("NDQC").
+CONFIG_MAGIC = 0x4E445143
+
+
+def _canonical(config):
+  return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def fingerprint(options, plan_signature, kind):
+  """The 32-bit fingerprint of an exchange, as a signed `int32` Python int.
+
+  Args:
+    options: the `CompressionOptions`.
+    plan_signature: the fusion plan's `signature`.
+    kind: the exchange kind, `"all_gather"` or `"all_reduce"`.
+  """
+  text = _canonical({"options": options.get_config(),
+                     "plan": plan_signature, "kind": kind})
+  value = int.from_bytes(
+      hashlib.blake2b(text.encode(), digest_size=4).digest(), "little")
+  return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def config_words(options):
+  """The options' canonical config as `int32` words (UTF-8, zero-padded)."""
+  data = _canonical(options.get_config()).encode()
+  data += b"\0" * (-len(data) % 4)
+  return np.frombuffer(data, dtype="<i4").astype(np.int32)
+
+
+def _decode_words(words, length):
+  data = np.asarray(words, dtype="<i4").tobytes()[:length]
+  return json.loads(data.decode())
+
+
+def _flatten(config, prefix=""):
+  """`{dotted name: value}` of a config; codecs by class and their config."""
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, dict) and "class_name" in value:
+      # A Keras-serialized object: `codec` names its class,
+      # `codec.num_levels` an entry of its config.
+      out[prefix + key] = value["class_name"]
+      out.update(_flatten(value.get("config") or {}, prefix + key + "."))
+    elif isinstance(value, dict):
+      out.update(_flatten(value, prefix + key + "."))
+    else:
+      out[prefix + key] = value
+  return out
+
+
+def describe_differences(configs, names=None):
+  """The settings on which `configs` (one per worker) differ, as a sentence.
+
+  Args:
+    configs: every worker's `CompressionOptions.get_config()`, in worker
+      order.
+    names: `{config key: the argument's name}` (e.g. `reference_group` ->
+      `reference_workers`).
+
+  Returns:
+    None if every config is the same; else e.g. "`seed` is 7 on worker 0
+    but 1 on worker 1".
+  """
+  names = names or {}
+  flat = [_flatten(c) for c in configs]
+  keys = sorted(set().union(*flat))
+  parts = []
+  for key in keys:
+    values = [f.get(key, "(not set)") for f in flat]
+    if any(v != values[0] for v in values):
+      top, _, rest = key.partition(".")
+      name = names.get(top, top) + ("." + rest if rest else "")
+      where = ", ".join(f"{v!r} on worker {i}" for i, v in enumerate(values))
+      parts.append(f"`{name}` is {where}")
+  return "; ".join(parts) or None
+
+
+def check_agreement(all_gather, options, num_workers, who, names=None):
+  """Compares every worker's options; raises on every worker if they differ.
+
+  Two all-gathers of fixed shape: `[CONFIG_MAGIC, length]` of each worker,
+  then every config zero-padded to the longest.
+
+  Args:
+    all_gather: a function `(1-D int32 numpy array) -> the concatenation of
+      every worker's array` (an eager collective).
+    options: this worker's `CompressionOptions`.
+    num_workers: workers in the job.
+    who: how the error names the program (the strategy's class).
+    names: as for `describe_differences`.
+
+  Raises:
+    ValueError: if the workers' options differ, naming every setting at
+      fault and every worker's value.
+  """
+  words = config_words(options)
+  length = len(_canonical(options.get_config()).encode())
+  heads = np.reshape(all_gather(np.array([CONFIG_MAGIC, length], np.int32)),
+                     [num_workers, 2])
+  if not np.all(heads[:, 0] == CONFIG_MAGIC):
+    raise ValueError(
+        f"{who}: a worker sent no options config (first words "
+        f"{heads[:, 0].tolist()}); every worker must run the same version of "
+        "ndq_tf.")
+  width = -(-int(heads[:, 1].max()) // 4)
+  padded = np.zeros([width], np.int32)
+  padded[:len(words)] = words
+  rows = np.reshape(all_gather(padded), [num_workers, width])
+  configs = [_decode_words(rows[i], int(heads[i, 1]))
+             for i in range(num_workers)]
+  differences = describe_differences(configs, names)
+  if differences:
+    raise ValueError(
+        f"{who}: the workers were built with different compression options, "
+        f"so each would decode the others' payloads with the wrong codec, "
+        f"seed or layout: {differences}. Build the strategy with the same "
+        f"arguments on every worker (compare `strategy.get_config()`).")

@@ -1,0 +1,94 @@
+"""One worker of the options-agreement tests (tests/test_agreement.py).
+
+Worker 1 builds `ndq_tf.MultiWorkerMirroredStrategy` with one setting
+changed per case (`CASES`); each case must fail on every worker when the
+strategy is built, before any exchange. The worker records every case's
+error message and seconds to the error, prints one line
+`AGREEMENT {"worker": i, "results": {...}}`, then runs the last case
+uncaught: the options agree but the workers all-reduce tensors of another
+shape (hence another fusion plan, of the same size), which only the
+fingerprint on the wire can catch, at the first exchange; the process then
+exits non-zero with TF's error carrying that message.
+"""
+
+import argparse
+import json
+import os
+import time
+
+MIN_ELEMENTS = 1000
+
+
+def _cases(ndq_tf):
+  """`{name: (worker 0's kwargs, worker 1's kwargs)}`."""
+  dqsg = {"codec": ndq_tf.DitheredCodec(num_levels=3)}
+
+  def nested(group):
+    return {"codec": ndq_tf.NestedDitheredCodec(num_levels=3,
+                                                coarse_ratio=3),
+            "reference_codec": ndq_tf.DitheredCodec(num_levels=1),
+            "reference_workers": group}
+  return {
+      "seed": (dict(dqsg, seed=7), dict(dqsg, seed=1)),
+      "codec": (dqsg, {"codec": ndq_tf.QSGDCodec(num_levels=3)}),
+      "num_levels": (dqsg, {"codec": ndq_tf.DitheredCodec(num_levels=1)}),
+      "chunk_elements": (dqsg, dict(dqsg, chunk_elements=1024)),
+      "min_elements": (dqsg, dict(dqsg, min_elements=500)),
+      "reference_workers": (nested(1), nested(0.5)),
+  }
+
+
+def _parse():
+  p = argparse.ArgumentParser(description=__doc__)
+  p.add_argument("--cases", default="",
+                 help="Comma-separated names of CASES to run (all if empty).")
+  p.add_argument("--transport", default="all_gather",
+                 help="The transport of the last (plan) case.")
+  return p.parse_args()
+
+
+def main():
+  args = _parse()
+  worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+
+  cases = _cases(ndq_tf)
+  names = [c for c in args.cases.split(",") if c] or list(cases)
+  results = {}
+  for name in names:
+    kwargs = dict(min_elements=MIN_ELEMENTS, cluster_timeout=60)
+    kwargs.update(cases[name][worker])
+    start = time.time()
+    try:
+      ndq_tf.MultiWorkerMirroredStrategy(**kwargs)
+      results[name] = {"error": None}
+    except ValueError as e:
+      results[name] = {"error": str(e), "seconds": time.time() - start}
+  print("AGREEMENT " + json.dumps({"worker": worker, "results": results}),
+        flush=True)
+
+  # The same options, tensors of another shape: 64 x 32 against 32 x 64.
+  strategy = ndq_tf.MultiWorkerMirroredStrategy(
+      codec=ndq_tf.DitheredCodec(num_levels=3), min_elements=MIN_ELEMENTS,
+      transport=args.transport, cluster_timeout=60)
+  shape = [64, 32] if worker == 0 else [32, 64]
+
+  @tf.function
+  def step():
+    def replica_fn():
+      ctx = tf.distribute.get_replica_context()
+      with ndq_tf.distribute.compressed():
+        return ctx.all_reduce("SUM", tf.ones(shape))
+    return strategy.run(replica_fn)
+
+  start = time.time()
+  try:
+    step()
+  finally:
+    print(f"plan case: {time.time() - start:.1f} s to the error", flush=True)
+  print("plan case: no error", flush=True)
+
+
+if __name__ == "__main__":
+  main()
