@@ -8,13 +8,16 @@ error message and seconds to the error, prints one line
 uncaught: the options agree but the workers all-reduce tensors of another
 shape (hence another fusion plan, of the same size), which only the
 fingerprint on the wire can catch, at the first exchange; the process then
-exits non-zero with TF's error carrying that message.
+exits non-zero with TF's error carrying that message. With `--uncaught
+CASE`, only that case runs, and its error ends the process.
 """
 
 import argparse
 import json
 import os
+import sys
 import time
+import traceback
 
 MIN_ELEMENTS = 1000
 
@@ -44,6 +47,9 @@ def _parse():
                  help="Comma-separated names of CASES to run (all if empty).")
   p.add_argument("--transport", default="all_gather",
                  help="The transport of the last (plan) case.")
+  p.add_argument("--uncaught", default=None,
+                 help="Only build the strategy of this case, uncaught: the "
+                      "process exits with its error.")
   return p.parse_args()
 
 
@@ -54,6 +60,12 @@ def main():
   import ndq_tf  # pylint: disable=g-import-not-at-top
 
   cases = _cases(ndq_tf)
+  if args.uncaught:
+    ndq_tf.MultiWorkerMirroredStrategy(
+        min_elements=MIN_ELEMENTS, cluster_timeout=60,
+        **cases[args.uncaught][worker])
+    print("uncaught case: no error", flush=True)
+    return
   names = [c for c in args.cases.split(",") if c] or list(cases)
   results = {}
   for name in names:
@@ -91,4 +103,12 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  try:
+    main()
+    code = 0
+  except Exception:  # pylint: disable=broad-except
+    traceback.print_exc()
+    code = 1
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # As mw_worker.py: a normal exit can hang in TF.
