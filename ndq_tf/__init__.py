@@ -1,27 +1,35 @@
 """ndq_tf: dithered and nested dithered gradient compression for tf.distribute.
 
+The names below are imported at first use (`ndq_tf._lazy`): `import ndq_tf`
+alone loads no TensorFlow, so `python -m ndq_tf.launch` starts workers
+without it.
+
 References:
   A. Abdi, F. Fekri. Nested Dithered Quantization for Communication
   Reduction in Distributed Training. arXiv:1904.01197, 2019.
 """
 
-from ndq_tf import codecs
-from ndq_tf import ops
-from ndq_tf import theory
-from ndq_tf.codecs import Codec
-from ndq_tf.codecs import DitheredCodec
-from ndq_tf.codecs import Float16Codec
-from ndq_tf.codecs import Float32Codec
-from ndq_tf.codecs import HalfDitheredCodec
-from ndq_tf.codecs import NestedDitheredCodec
-from ndq_tf.codecs import Payload
-from ndq_tf.codecs import QSGDCodec
-from ndq_tf.codecs import TernGradCodec
-from ndq_tf import distribute
-from ndq_tf import keras
-from ndq_tf.distribute import CompressedAllReduce
-from ndq_tf.distribute import MirroredStrategy
-from ndq_tf.distribute import MultiWorkerMirroredStrategy
-from ndq_tf.keras import CompressionStats
+from ndq_tf import _lazy
 
 __version__ = "0.1.0"
+
+_NAMES = {
+    "Codec": "ndq_tf.codecs",
+    "DitheredCodec": "ndq_tf.codecs",
+    "Float16Codec": "ndq_tf.codecs",
+    "Float32Codec": "ndq_tf.codecs",
+    "HalfDitheredCodec": "ndq_tf.codecs",
+    "NestedDitheredCodec": "ndq_tf.codecs",
+    "Payload": "ndq_tf.codecs",
+    "QSGDCodec": "ndq_tf.codecs",
+    "TernGradCodec": "ndq_tf.codecs",
+    "CompressedAllReduce": "ndq_tf.distribute",
+    "MirroredStrategy": "ndq_tf.distribute",
+    "MultiWorkerMirroredStrategy": "ndq_tf.distribute",
+    "CompressionStats": "ndq_tf.keras",
+}
+
+__all__ = sorted(["codecs", "distribute", "keras", "ops", "theory",
+                  *_NAMES])
+
+__getattr__, __dir__ = _lazy.attach(__name__, _NAMES)

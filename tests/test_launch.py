@@ -221,3 +221,23 @@ def test_launch_rejects_bad_addresses_and_prefixes():
   with pytest.raises(ValueError, match=re.escape(
       "`worker_prefix` may use no format field but `{index}`")):
     launch.launch(["true"], num_workers=1, worker_prefix=["env", "X={i}"])
+
+
+def test_python_m_launch_imports_no_tensorflow():
+  # `-m` imports the package `ndq_tf` first; its names load lazily, so the
+  # launcher holds only the standard library while it runs a 2-worker job
+  # (`-X importtime` lists every module the launcher's process imports).
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  proc = subprocess.run(
+      [sys.executable, "-X", "importtime", "-m", "ndq_tf.launch",
+       "--num_workers", "2", "--", sys.executable, "-c", PRINT_CONFIG],
+      capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, env=env,
+      cwd=ROOT)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert len(_configs(proc.stdout)) == 2, proc.stdout
+  imported = [line.rsplit("|", 1)[1].strip() for line in
+              proc.stderr.splitlines() if line.startswith("import time:")]
+  assert "ndq_tf" in imported, proc.stderr
+  heavy = [m for m in imported
+           if m.split(".")[0] in ("tensorflow", "keras", "numpy", "absl")]
+  assert not heavy, heavy

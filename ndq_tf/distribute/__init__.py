@@ -1,15 +1,26 @@
-"""Compressed all-reduce for `tf.distribute` strategies."""
+"""Compressed all-reduce for `tf.distribute` strategies.
 
-from ndq_tf.distribute import telemetry
-from ndq_tf.distribute import transports
-from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
-from ndq_tf.distribute.engine import ExchangeEngine
-from ndq_tf.distribute.fusion import FusionPlan
-from ndq_tf.distribute.fusion import decode_sum
-from ndq_tf.distribute.fusion import encode_fused
-from ndq_tf.distribute.mirrored import MirroredStrategy
-from ndq_tf.distribute.multi_worker import MultiWorkerMirroredStrategy
-from ndq_tf.distribute.options import DEFAULT_CHUNK_ELEMENTS
-from ndq_tf.distribute.options import CompressionOptions
-from ndq_tf.distribute.scope import compressed
-from ndq_tf.distribute.scope import uncompressed
+The names below are imported at first use (`ndq_tf._lazy`), so that the
+standard-library modules of this package (`tf_config`, `startup_watchdog`)
+load without TensorFlow.
+"""
+
+from ndq_tf import _lazy
+
+_NAMES = {
+    "CompressedAllReduce": "ndq_tf.distribute.cross_device_ops",
+    "ExchangeEngine": "ndq_tf.distribute.engine",
+    "FusionPlan": "ndq_tf.distribute.fusion",
+    "decode_sum": "ndq_tf.distribute.fusion",
+    "encode_fused": "ndq_tf.distribute.fusion",
+    "MirroredStrategy": "ndq_tf.distribute.mirrored",
+    "MultiWorkerMirroredStrategy": "ndq_tf.distribute.multi_worker",
+    "DEFAULT_CHUNK_ELEMENTS": "ndq_tf.distribute.options",
+    "CompressionOptions": "ndq_tf.distribute.options",
+    "compressed": "ndq_tf.distribute.scope",
+    "uncompressed": "ndq_tf.distribute.scope",
+}
+
+__all__ = sorted(["telemetry", "transports", *_NAMES])
+
+__getattr__, __dir__ = _lazy.attach(__name__, _NAMES)

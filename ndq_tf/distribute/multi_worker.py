@@ -265,13 +265,16 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
 
   Each step, every worker sums its replicas' gradients losslessly, encodes
   the sum once with `codec`, and all-gathers one `int32` payload (codes,
-  scales and a 4-word header: magic, sender, step, length); every worker
+  scales and a 5-word header: magic, sender, step, length, fingerprint of
+  the options, fusion plan and exchange kind); every worker
   decodes all payloads in sender order and sums them deterministically, so
   all workers end the step with bitwise identical variables. The rules of
   what is compressed, the seeds, the codecs' forms and the telemetry are
   those of `ndq_tf.MirroredStrategy` (one exchange engine). Receivers take
-  each sender's step from its header; workers whose steps disagree stop
-  with an error naming both.
+  each sender's step from its header; workers whose steps or fingerprints
+  disagree stop with an error naming both, and workers built with other
+  options stop when the strategy is built, naming the setting
+  (`ndq_tf.distribute.fingerprint`).
 
   It also makes Keras 3's `model.fit` work with several workers
   (keras-team/keras#20585): `reduce` accepts nested structures and reduces
