@@ -272,24 +272,50 @@ def test_workers_with_different_steps_fail_naming_both_steps(tmp_path):
   assert "[sent step] [0] [but worker] [1] [sent step] [5]" in output, output
 
 
-def test_killed_worker_resumes_with_backup_and_restore(tmp_path):
+@pytest.mark.parametrize("codec", [(), ("--nested", "--adaptive")],
+                         ids=["dqsg", "adaptive_ndqsg"])
+def test_killed_worker_resumes_exactly_with_backup_and_restore(tmp_path,
+                                                               codec):
+  # Keras 3.15's BackupAndRestore resumes at the start of the epoch it
+  # saved (it ignores the batch), so it saves every epoch; 16 steps are one
+  # pass over the data, so a restarted epoch sees the batches it saw.
   out, backup = str(tmp_path / "out"), str(tmp_path / "backup")
-  common = ("--mode", "fit", "--steps", "10", "--epochs", "2",
-            "--save_freq", "5", "--backup_dir", backup, "--out_dir", out)
-  code, output = _run_job(*common, "--die_at_step", "13")
-  assert code == 3, output  # The dying worker's code; the other was stopped.
-  assert "worker 1 dies at step 13" in output
-  assert not os.path.exists(os.path.join(out, "worker0.npz"))
+  common = ("--mode", "fit", "--steps", "16", "--epochs", "2",
+            "--save_freq", "epoch", *codec)
+  # The uninterrupted run, beside the interrupted one.
+  straight_out = str(tmp_path / "straight")
+  with open(tmp_path / "straight.log", "w+") as log:
+    straight = subprocess.Popen(
+        [sys.executable, LAUNCH, "--num_workers", "2", "--timeout",
+         str(JOB_TIMEOUT), "--grace", "2", "--", sys.executable, WORKER,
+         *common, "--backup_dir", str(tmp_path / "straight_backup"),
+         "--out_dir", straight_out], env=_env(), cwd=ROOT, stdout=log,
+        stderr=subprocess.STDOUT, text=True)
+    common += ("--backup_dir", backup, "--out_dir", out)
+    try:
+      code, output = _run_job(*common, "--die_at_step", "20")
+      assert code == 3, output  # The dying worker's; the other was stopped.
+      assert "worker 1 dies at step 20" in output
+      assert not os.path.exists(os.path.join(out, "worker0.npz"))
 
-  code, output = _run_job(*common)
-  assert code == 0, output
+      code, output = _run_job(*common)
+      assert code == 0, output
+      code = straight.wait(timeout=JOB_TIMEOUT + 30)
+      log.seek(0)
+      assert code == 0, log.read()
+    finally:
+      if straight.poll() is None:
+        straight.kill()
+        straight.wait()
   results = _results(out)
   _assert_bitwise_identical(results)
   for r in results:
-    # Restored at the last backup (step 10): the dither sequence continues
+    # Restored at the last backup (step 16): the dither sequence continues
     # there instead of restarting at 0.
-    assert int(r["step_before"]) == 10
-    assert int(r["step_after"]) == int(r["iterations"]) == 30
+    assert int(r["step_before"]) == 16
+    assert int(r["step_after"]) == int(r["iterations"]) == 32
+  # Exact resume: the weights of the run that never stopped.
+  _assert_bitwise_identical([results[0], _results(straight_out)[0]])
 
 
 # bad_tf_config.py's cases: the entry the error must name, and the value

@@ -35,8 +35,9 @@ def _parse():
   p.add_argument("--epochs", type=int, default=1, help="Epochs (fit only).")
   p.add_argument("--backup_dir", default=None,
                  help="BackupAndRestore directory (a subdirectory per worker).")
-  p.add_argument("--save_freq", type=int, default=5,
-                 help="BackupAndRestore save_freq in batches.")
+  p.add_argument("--save_freq", default="5",
+                 type=lambda v: v if v == "epoch" else int(v),
+                 help="BackupAndRestore save_freq: batches, or 'epoch'.")
   p.add_argument("--die_at_step", type=int, default=None,
                  help="Global step at which --die_worker exits with code 3.")
   p.add_argument("--die_worker", type=int, default=1,
