@@ -431,14 +431,14 @@ def exchange_bits(codec, num_elements, num_workers, transport):
   * `"all_gather"` (today's multi-worker transport): every worker sends
     its payload, `codec.wire_bits(n)`, framed by `ALL_GATHER_HEADER_WORDS`
     words and padded to the longest payload of the exchange, through a ring
-    all-gather: `(P - 1)·32·(4 + max_p wire_words_p)`
+    all-gather: `(P - 1)·32·(5 + max_p wire_words_p)`
     (`ring_all_gather_bits`). Every codec, nested ones included.
   * `"all_reduce"`: the integer sum of codes (`codes_add_up` codecs only):
     the symbols packed in the densest exact lanes for `P` senders
     (`ndq_tf.ops.lane_layout`: `W` words of 32 or 64 bits) through a ring
     all-reduce, plus the MAX all-reduce of the `⌈n/d⌉` float32 scales
     that makes them shared (with `ALL_REDUCE_STAMP_WORDS` words of step
-    stamps): `2(P - 1)/P·(W·word_bits + 32·(⌈n/d⌉ + 4))`.
+    and fingerprint stamps): `2(P - 1)/P·(W·word_bits + 32·(⌈n/d⌉ + 8))`.
     `Float16Codec` and `Float32Codec` go through TF's float ring of their
     dtype: `2(P - 1)/P·16n` and `2(P - 1)/P·32n`.
   * `"float32_ring"`, `"float16_ring"`: the uncompressed baselines,
