@@ -7,22 +7,60 @@ exchange engine (`ndq_tf.distribute.engine`) over device copies
 through a fallback `CrossDeviceOps`.
 """
 
+import math
+import warnings
+
 from absl import logging
 import keras
 import tensorflow as tf
 
 from ndq_tf.distribute import engine as engine_lib
+from ndq_tf.distribute import gradient_detection
 from ndq_tf.distribute import options as options_lib
 from ndq_tf.distribute import tf_internals
 from ndq_tf.distribute import transports
 
 __all__ = [
     "CompressedAllReduce",
+    "DeprecatedTelemetry",
 ]
 
 
+def _deprecated(name, replacement):
+  warnings.warn(
+      f"`{name}` is deprecated and will be removed in the next release; use "
+      f"{replacement} instead.", DeprecationWarning, stacklevel=3)
+
+
+class DeprecatedTelemetry:
+  """Telemetry names of release 0.1.0, kept for one release (deprecated).
+
+  Mixed into both strategies' cross-device ops, which provide `stats()`.
+  """
+
+  @property
+  def last_wire_bits(self):
+    """Deprecated: `stats()["sent_bits"]`."""
+    _deprecated("last_wire_bits", '`stats()["sent_bits"]`')
+    return self.stats()["sent_bits"]
+
+  @property
+  def last_overload_rate(self):
+    """Deprecated: `stats()["overload_rate"]` (NaN without a nested codec)."""
+    _deprecated("last_overload_rate", '`stats()["overload_rate"]`')
+    return self.stats().get("overload_rate", math.nan)
+
+  @property
+  def wire_bits_per_element(self):
+    """Deprecated: `stats()["wire_bits_per_element"]`."""
+    _deprecated("wire_bits_per_element",
+                '`stats()["wire_bits_per_element"]`')
+    return self.stats()["wire_bits_per_element"]
+
+
 @keras.saving.register_keras_serializable(package="ndq_tf")
-class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
+class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
+                          tf.Module):
   """Cross-device all-reduce that sends quantized gradients between replicas.
 
   The `tf.distribute.CrossDeviceOps` of `ndq_tf.MirroredStrategy` (pass it as
@@ -300,7 +338,8 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
     num_replicas = max((len(v.values) for v, _ in pairs if isinstance(
         v, tf_internals.DistributedValues)), default=1)
     compressed, lossless, devices = self._engine.split(
-        reduce_op, pairs, num_replicas, gradient=self._is_gradient())
+        reduce_op, pairs, num_replicas,
+        gradient=self._is_gradient(reduce_op, pairs, num_replicas))
     results = [None] * len(pairs)
     if lossless:
       reduced = self._fallback.batch_reduce(
@@ -321,18 +360,21 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
             [summed[k] for summed in per_destination])
     return results
 
-
-  def _is_gradient(self):
+  def _is_gradient(self, reduce_op, pairs, num_replicas):
     if self._labels is not None:
-      return self._labels.consume()
+      return self._labels.is_gradient(reduce_op, pairs, num_replicas,
+                                      self._options.min_elements)
+    if gradient_detection.destinations_are_trainable_variables(pairs):
+      return True  # batch_reduce_to(grads_and_vars): tf_keras, TF's loop.
     if not self._warned_unlabelled:
       self._warned_unlabelled = True
       logging.warning(
           "ndq_tf: CompressedAllReduce inside a plain "
-          "tf.distribute.MirroredStrategy cannot recognise gradient "
-          "aggregation, so it compresses only all-reduces built inside "
+          "tf.distribute.MirroredStrategy cannot recognise Keras 3's "
+          "gradient aggregation, so it compresses only gradients reduced to "
+          "their variables (batch_reduce_to: tf_keras, TF's low-level "
+          "loop) and all-reduces built inside "
           "ndq_tf.distribute.compressed(). Use "
           "ndq_tf.MirroredStrategy(cross_device_ops=...) to compress "
-          "gradients.")
+          "Keras 3's gradients.")
     return False
-

@@ -16,6 +16,8 @@ class _MirroredExtended(gradient_detection.LabellingExtendedMixin,
                         tf_internals.MirroredExtended):
   """`MirroredExtended` that notes which all-reduces aggregate gradients."""
 
+  _ndq_who = "ndq_tf.MirroredStrategy"
+
 
 class MirroredStrategy(tf.distribute.MirroredStrategy,
                        strategy_state.StrategyState):
@@ -120,6 +122,8 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
       cross_device_ops.reference_count(len(self.extended.worker_devices))
     self._ndq_all_reduce = cross_device_ops
     self._track_engine(cross_device_ops.engine)
+    gradient_detection.warn_if_single_sender(
+        "ndq_tf.MirroredStrategy", self.num_replicas_in_sync)
 
   @property
   def compressed_all_reduce(self):

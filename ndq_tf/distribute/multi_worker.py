@@ -27,6 +27,7 @@ import itertools
 
 import tensorflow as tf
 
+from ndq_tf.distribute import cross_device_ops
 from ndq_tf.distribute import engine as engine_lib
 from ndq_tf.distribute import gradient_detection
 from ndq_tf.distribute import options as options_lib
@@ -59,7 +60,8 @@ def _local_sum(parts):
   return tf.reduce_sum(tf.stack([tf.identity(p) for p in parts]), axis=0)
 
 
-class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
+class MultiWorkerCompressedAllReduce(cross_device_ops.DeprecatedTelemetry,
+                                     _BASES.CollectiveAllReduce):
   """`CollectiveAllReduce` whose between-worker gradient reduction is compressed.
 
   Built by `MultiWorkerMirroredStrategy`; you do not normally build it
@@ -106,6 +108,10 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
     """The `ExchangeEngine` (step counter, telemetry, nested state)."""
     return self._engine
 
+  def stats(self):
+    """The telemetry of the last compressed exchange (`telemetry` keys)."""
+    return self._engine.stats()
+
   @property
   def worker_id(self):
     return self._worker_id
@@ -119,7 +125,9 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
     pairs = list(value_destination_pairs)
     compressed, lossless, _ = self._engine.split(
         reduce_op, pairs, self._num_workers,
-        gradient=self._labels.consume())
+        gradient=self._labels.is_gradient(
+            reduce_op, pairs, self._num_workers,
+            self._engine.options.min_elements))
     if not compressed:
       return super().batch_reduce_implementation(reduce_op, pairs, options)
     results = [None] * len(pairs)
@@ -176,6 +184,8 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
 class _CompressedCollectiveExtended(gradient_detection.LabellingExtendedMixin,
                                    _BASES.CollectiveAllReduceExtended):
   """`CollectiveAllReduceExtended` with compressed cross-device ops."""
+
+  _ndq_who = _WHO
 
   def __init__(self, container_strategy, cluster_resolver,
                communication_options, compression, cluster_timeout):
@@ -346,6 +356,8 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
         communication_options=communication_options,
         compression=compression, cluster_timeout=cluster_timeout))
     self._track_engine(self.compression_engine)
+    gradient_detection.warn_if_single_sender(
+        _WHO, self.extended._num_workers, unit="worker")  # pylint: disable=protected-access
 
   @property
   def options(self):
