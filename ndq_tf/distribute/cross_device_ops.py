@@ -7,13 +7,17 @@ exchange engine (`ndq_tf.distribute.engine`) over device copies
 through a fallback `CrossDeviceOps`.
 """
 
+from __future__ import annotations
+
 import math
+from typing import Any, Mapping, Union
 import warnings
 
 from absl import logging
 import keras
 import tensorflow as tf
 
+from ndq_tf import codecs
 from ndq_tf.distribute import engine as engine_lib
 from ndq_tf.distribute import gradient_detection
 from ndq_tf.distribute import options as options_lib
@@ -24,6 +28,10 @@ __all__ = [
     "CompressedAllReduce",
     "DeprecatedTelemetry",
 ]
+
+
+#: What `codec` may be: a codec, a spec string or a config dict.
+CodecLike = Union[codecs.Codec, str, Mapping[str, Any]]
 
 
 def _deprecated(name, replacement):
@@ -157,18 +165,20 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
       plain host variables).
   """
 
-  def __init__(self,
-               codec,
-               min_elements=options_lib.DEFAULT_MIN_ELEMENTS,
-               seed=0,
-               compress_indexed_slices=False,
-               fallback=None,
-               name="compressed_all_reduce",
-               reference_codec=None,
-               reference_replicas=None,
-               adaptive=None,
-               transport="auto",
-               chunk_elements=options_lib.DEFAULT_CHUNK_ELEMENTS):
+  def __init__(
+      self,
+      codec: CodecLike,
+      min_elements: int = options_lib.DEFAULT_MIN_ELEMENTS,
+      seed: int = 0,
+      compress_indexed_slices: bool = False,
+      fallback: tf.distribute.CrossDeviceOps | None = None,
+      name: str = "compressed_all_reduce",
+      reference_codec: CodecLike | None = None,
+      reference_replicas: int | float | None = None,
+      adaptive: bool | None = None,
+      transport: str = "auto",
+      chunk_elements: int | None = options_lib.DEFAULT_CHUNK_ELEMENTS,
+  ) -> None:
     tf.distribute.CrossDeviceOps.__init__(self)
     tf.Module.__init__(self, name=name)
     self._options = options_lib.CompressionOptions(
@@ -277,7 +287,7 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
     """The `int32` variable counting compressed calls (the dither's step)."""
     return self._engine.step
 
-  def stats(self):
+  def stats(self) -> dict[str, Any]:
     """The telemetry of the last compressed call (`telemetry` keys)."""
     return self._engine.stats()
 

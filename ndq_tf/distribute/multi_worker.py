@@ -23,7 +23,10 @@ References:
   Reduction in Distributed Training. arXiv:1904.01197, 2019.
 """
 
+from __future__ import annotations
+
 import itertools
+from typing import Any
 
 import tensorflow as tf
 
@@ -42,6 +45,7 @@ __all__ = [
     "MultiWorkerMirroredStrategy",
 ]
 
+CodecLike = cross_device_ops.CodecLike
 _BASES = tf_internals.MULTI_WORKER_BASES
 _WHO = "ndq_tf.MultiWorkerMirroredStrategy"
 # Collective group keys each strategy of a process may use. TF starts every
@@ -323,12 +327,23 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
     ValueError: for a bad argument value, or a malformed `TF_CONFIG`.
   """
 
-  def __init__(self, codec, cluster_resolver=None, communication_options=None,
-               min_elements=options_lib.DEFAULT_MIN_ELEMENTS, seed=0,
-               reference_codec=None, reference_workers=None,
-               cluster_timeout=None, adaptive=None,
-               compress_indexed_slices=False, transport="auto",
-               chunk_elements=options_lib.DEFAULT_CHUNK_ELEMENTS):
+  def __init__(
+      self,
+      codec: CodecLike,
+      cluster_resolver: (
+          tf.distribute.cluster_resolver.ClusterResolver | None) = None,
+      communication_options: (
+          tf.distribute.experimental.CommunicationOptions | None) = None,
+      min_elements: int = options_lib.DEFAULT_MIN_ELEMENTS,
+      seed: int = 0,
+      reference_codec: CodecLike | None = None,
+      reference_workers: int | float | None = None,
+      cluster_timeout: float | None = None,
+      adaptive: bool | None = None,
+      compress_indexed_slices: bool = False,
+      transport: str = "auto",
+      chunk_elements: int | None = options_lib.DEFAULT_CHUNK_ELEMENTS,
+  ) -> None:
     tf_internals.multi_worker()  # Raises if this TF lacks its internals.
     compression = options_lib.CompressionOptions(
         codec, min_elements=min_elements, seed=seed,
@@ -388,7 +403,7 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
     """The exchange engine: step counter, telemetry, nested noise state."""
     return self.compressed_all_reduce.engine
 
-  def reduce(self, reduce_op, value, axis):
+  def reduce(self, reduce_op, value, axis) -> Any:
     """`tf.distribute.Strategy.reduce`, also for nested values and scalars.
 
     Keras 3 calls `reduce` on a nested batch and with `axis=0` on per-replica
@@ -403,7 +418,7 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
       axis = None
     return super().reduce(reduce_op, value, axis)
 
-  def get_config(self):
+  def get_config(self) -> dict[str, Any]:
     """The constructor arguments that describe the compression."""
     config = self._compression.get_config()
     if "reference_group" in config:
