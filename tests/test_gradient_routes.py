@@ -11,7 +11,6 @@ travel losslessly with a warning and a count. The multi-worker half is
 tests/test_gradient_routes_multi_worker.py.
 """
 
-import importlib.util
 import json
 import logging
 import os
@@ -32,15 +31,7 @@ WORKER = os.path.join(multi_worker_job.ROOT, "tests", "multi_worker_scripts",
                       "gradient_routes_worker.py")
 
 
-def _load_worker():
-  spec = importlib.util.spec_from_file_location("gradient_routes_worker",
-                                                WORKER)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-routes = _load_worker()
+routes = multi_worker_job.load_script(WORKER, "gradient_routes_worker")
 
 
 def _devices(n=NUM_REPLICAS):

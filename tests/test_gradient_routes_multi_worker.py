@@ -11,7 +11,6 @@ route), `import tf_keras` the same Keras (the `tf_keras` route), and
 `import keras` still Keras 3 (the `keras3` route, the reference).
 """
 
-import importlib.util
 import os
 
 import pytest
@@ -29,15 +28,7 @@ ROUTES = ("keras3", "tf_keras", "legacy", "low_level", "all_reduce",
           "all_reduce_compressed", "tf_keras_skip")
 
 
-def _load_worker():
-  spec = importlib.util.spec_from_file_location("gradient_routes_worker",
-                                                WORKER)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-routes = _load_worker()
+routes = multi_worker_job.load_script(WORKER, "gradient_routes_worker")
 COMPRESSIBLE = routes.INPUTS * routes.HIDDEN + routes.HIDDEN + (
     routes.HIDDEN * routes.CLASSES)
 

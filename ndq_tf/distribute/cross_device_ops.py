@@ -85,8 +85,10 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
   docs/algorithms.md.
 
   What is compressed: gradient aggregation, i.e. the all-reduce of the
-  gradients a Keras optimizer is applying (`model.fit`, `apply_gradients`
-  in custom loops, `LossScaleOptimizer`, gradient accumulation; see
+  gradients a Keras 3 optimizer is applying (`model.fit`, `apply_gradients`
+  in custom loops, `LossScaleOptimizer`, gradient accumulation) and every
+  `batch_reduce` whose destinations are trainable variables (tf_keras'
+  optimizers, TF's low-level `batch_reduce_to(SUM, grads_and_vars)`; see
   `ndq_tf.distribute.gradient_detection`), and all-reduces built inside
   `ndq_tf.distribute.compressed()`; of those, SUM or MEAN of dense floating
   tensors of at least `min_elements` elements. Everything else goes
@@ -95,8 +97,8 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
   `reduce`, broadcasts (the optimizer's int64 step), integer tensors, small
   tensors, `IndexedSlices` (unless `compress_indexed_slices`), gathers. One
   call may mix both kinds. Inside a plain `tf.distribute.MirroredStrategy`,
-  which cannot tell gradients apart, only `compressed()` scopes are
-  compressed.
+  which cannot see Keras 3's optimizers, only reductions to trainable
+  variables and `compressed()` scopes are compressed.
 
   State: the engine's step counter (the dither's step, advanced by one per
   compressed call), its telemetry and the nested senders' noise state are
