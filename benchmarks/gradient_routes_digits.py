@@ -167,8 +167,8 @@ def _legacy_rows(seeds):
          "--json"]
   out = subprocess.run(cmd, env=env, capture_output=True, text=True,
                        check=True)
-  return [json.loads(line[5:]) for line in out.stdout.splitlines()
-          if line.startswith("ROW ")]
+  return [json.loads(line.split(" ", 1)[1])
+          for line in out.stdout.splitlines() if line.startswith("ROW ")]
 
 
 def main(argv):
