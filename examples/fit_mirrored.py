@@ -18,6 +18,7 @@ too, next to what a Gaussian noise of the measured size would give.
 Examples:
 
   python examples/fit_mirrored.py
+  python examples/fit_mirrored.py --quick     # 2 epochs: a quick look
   python examples/fit_mirrored.py --codec=dqsg:num_levels=1 --replicas=2
   python examples/fit_mirrored.py --codec=qsgd --codec=terngrad --epochs=5
   python examples/fit_mirrored.py --codec=ndqsg:coarse_ratio=3 \
@@ -69,6 +70,14 @@ _ADAPTIVE = flags.DEFINE_bool(
     "measured noise, or sends the bucket as DQSG. --noadaptive: the paper's "
     "fixed parameters.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and the dither.")
+_QUICK = flags.DEFINE_bool(
+    "quick", False,
+    "Short mode: 2 epochs (instead of --epochs), about a minute on a loaded "
+    "machine; the accuracies are then those of barely trained models.")
+
+
+def _epochs():
+  return 2 if _QUICK.value else _EPOCHS.value
 
 
 def split_cpu(replicas):
@@ -114,10 +123,24 @@ def make_strategy(spec, devices):
     return None
 
 
-def fit_one(spec, devices, data):
+def _progress(spec):
+  """A callback printing one line per epoch, so that a slow run shows life."""
+  import keras  # pylint: disable=g-import-not-at-top
+  start = time.time()
+
+  def on_epoch_end(epoch, logs):
+    print(f"  {spec}: epoch {epoch + 1}/{_epochs()}, loss "
+          f"{logs['loss']:.4f}, {time.time() - start:.0f} s", flush=True)
+
+  return keras.callbacks.LambdaCallback(on_epoch_end=on_epoch_end)
+
+
+def fit_one(spec, devices, data, index, count):
   import keras  # pylint: disable=g-import-not-at-top
   import ndq_tf.keras  # pylint: disable=g-import-not-at-top
   x_train, x_test, y_train, y_test = data
+  print(f"[{index}/{count}] {spec}: training {_epochs()} epochs...",
+        flush=True)
   strategy = make_strategy(spec, devices)
   if strategy is None:
     return None
@@ -133,10 +156,14 @@ def fit_one(spec, devices, data):
                   metrics=["accuracy"])
   start = time.time()
   history = model.fit(x_train, y_train, batch_size=_BATCH_SIZE.value,
-                      epochs=_EPOCHS.value, verbose=0,
-                      callbacks=[ndq_tf.keras.CompressionStats()])
+                      epochs=_epochs(), verbose=0,
+                      callbacks=[ndq_tf.keras.CompressionStats(),
+                                 _progress(spec)])
   seconds = time.time() - start
   accuracy = model.evaluate(x_test, y_test, verbose=0)[1]
+  print(f"[{index}/{count}] {spec}: test accuracy {accuracy:.4f}, "
+        f"{history.history['wire_bits_per_element'][-1]:.3f} bits per "
+        f"element, {seconds:.0f} s", flush=True)
   ops = strategy.compressed_all_reduce
   label = spec
   if ops.needs_reference:
@@ -174,10 +201,11 @@ def main(argv):
   devices = split_cpu(_REPLICAS.value)
   data = load_digits(_SEED.value)
   print(f"digits: {len(data[0])} train / {len(data[1])} test samples, "
-        f"{len(devices)} replicas, {_EPOCHS.value} epochs, global batch "
-        f"{_BATCH_SIZE.value}")
-  rows = [r for r in (fit_one(spec, devices, data) for spec in _CODECS.value)
-          if r is not None]
+        f"{len(devices)} replicas, {_epochs()} epochs, global batch "
+        f"{_BATCH_SIZE.value}", flush=True)
+  specs = _CODECS.value
+  rows = [r for r in (fit_one(spec, devices, data, i + 1, len(specs))
+                      for i, spec in enumerate(specs)) if r is not None]
   print()
   print(f"{'codec':62s} {'test acc':>8s} {'bits/elt':>9s} {'ratio':>7s} "
         f"{'transport':>10s} {'link x':>7s} {'fit s':>6s}")

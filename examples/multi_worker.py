@@ -9,8 +9,10 @@ machine, `ndq_tf.launch` starts the workers with a `TF_CONFIG` each:
 Trains an MLP on scikit-learn's digits (installed offline). Gradients cross
 workers as one compressed all-gather per step; every worker ends with the same
 weights. `BackupAndRestore` saves the model (and the dither's step counter)
-every `--save_freq` batches: kill a worker, start the job again with the same
-`--backup_dir`, and training resumes where the backup left it.
+every `--save_freq` batches: kill a worker, start the job again with the
+same `--backup_dir`, and training resumes where the backup left it. Without
+`--backup_dir`, each worker backs up in a new temporary directory of its
+own (printed), which no other job reads.
 
 On several hosts, start the program on each with a `TF_CONFIG` naming all of
 them (same "cluster", own "task.index"). TF's gRPC transport is neither
@@ -19,6 +21,7 @@ authenticated nor encrypted: use a trusted network only.
 
 import json
 import os
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -45,9 +48,11 @@ _MIN_ELEMENTS = flags.DEFINE_integer(
     "min_elements", 256, "Gradients with fewer elements travel losslessly.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and the dither.")
 _BACKUP_DIR = flags.DEFINE_string(
-    "backup_dir", "/tmp/ndq_tf_multi_worker_backup",
-    "BackupAndRestore directory; each worker uses its own subdirectory. Empty "
-    "to disable.")
+    "backup_dir", None,
+    "BackupAndRestore directory; each worker uses its own subdirectory. "
+    "Default: a new temporary directory of this job (printed; pass it again "
+    "to resume), never one shared with other jobs or users. Empty to "
+    "disable.")
 _SAVE_FREQ = flags.DEFINE_integer(
     "save_freq", 10, "Back up every this many batches.")
 _CLUSTER_TIMEOUT = flags.DEFINE_float(
@@ -119,12 +124,21 @@ def main(argv):
   import ndq_tf  # pylint: disable=g-import-not-at-top
   # Adds wire_bits_per_element and compression_ratio to the logs.
   callbacks = [ndq_tf.CompressionStats()]
-  if _BACKUP_DIR.value:
+  if _BACKUP_DIR.value is None:
+    # A fixed path under /tmp would be shared by every job and user of the
+    # host: a second job could resume from someone else's backup.
+    worker_dir = tempfile.mkdtemp(prefix=f"ndq_tf_backup_worker{worker}_")
+    print(f"worker {worker}: backups in {worker_dir} (this job only; pass "
+          f"--backup_dir to make a job that can be resumed)", flush=True)
+  elif _BACKUP_DIR.value:
     # Keras 3's BackupAndRestore is not multi-worker aware: one directory per
     # worker avoids two writers on one file.
+    worker_dir = os.path.join(_BACKUP_DIR.value, f"worker{worker}")
+  else:
+    worker_dir = None
+  if worker_dir:
     callbacks.append(keras.callbacks.BackupAndRestore(
-        os.path.join(_BACKUP_DIR.value, f"worker{worker}"),
-        save_freq=_SAVE_FREQ.value))
+        worker_dir, save_freq=_SAVE_FREQ.value))
   start = time.time()
   model.fit(train, epochs=_EPOCHS.value, verbose=2, callbacks=callbacks)
   seconds = time.time() - start

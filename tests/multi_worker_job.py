@@ -14,6 +14,7 @@ Start jobs from a module-scoped fixture and `stop()` them at its end: the
 launcher forwards SIGTERM to its workers.
 """
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -26,11 +27,20 @@ __all__ = [
     "ROOT",
     "MultiWorkerJob",
     "env",
+    "load_script",
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(ROOT, "ndq_tf", "launch.py")
 _MARGIN = 30  # Seconds the subprocess timeout adds to the launcher's.
+
+
+def load_script(path, name):
+  """A worker script loaded as a module (for its constants and functions)."""
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def env():

@@ -7,22 +7,68 @@ exchange engine (`ndq_tf.distribute.engine`) over device copies
 through a fallback `CrossDeviceOps`.
 """
 
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Union
+import warnings
+
 from absl import logging
 import keras
 import tensorflow as tf
 
+from ndq_tf import codecs
 from ndq_tf.distribute import engine as engine_lib
+from ndq_tf.distribute import gradient_detection
 from ndq_tf.distribute import options as options_lib
 from ndq_tf.distribute import tf_internals
 from ndq_tf.distribute import transports
 
 __all__ = [
     "CompressedAllReduce",
+    "DeprecatedTelemetry",
 ]
 
 
+#: What `codec` may be: a codec, a spec string or a config dict.
+CodecLike = Union[codecs.Codec, str, Mapping[str, Any]]
+
+
+def _deprecated(name, replacement):
+  warnings.warn(
+      f"`{name}` is deprecated and will be removed in the next release; use "
+      f"{replacement} instead.", DeprecationWarning, stacklevel=3)
+
+
+class DeprecatedTelemetry:
+  """Telemetry names of release 0.1.0, kept for one release (deprecated).
+
+  Mixed into both strategies' cross-device ops, which provide `stats()`.
+  """
+
+  @property
+  def last_wire_bits(self):
+    """Deprecated: `stats()["sent_bits"]`."""
+    _deprecated("last_wire_bits", '`stats()["sent_bits"]`')
+    return self.stats()["sent_bits"]
+
+  @property
+  def last_overload_rate(self):
+    """Deprecated: `stats()["overload_rate"]` (NaN without a nested codec)."""
+    _deprecated("last_overload_rate", '`stats()["overload_rate"]`')
+    return self.stats().get("overload_rate", math.nan)
+
+  @property
+  def wire_bits_per_element(self):
+    """Deprecated: `stats()["wire_bits_per_element"]`."""
+    _deprecated("wire_bits_per_element",
+                '`stats()["wire_bits_per_element"]`')
+    return self.stats()["wire_bits_per_element"]
+
+
 @keras.saving.register_keras_serializable(package="ndq_tf")
-class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
+class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
+                          tf.Module):
   """Cross-device all-reduce that sends quantized gradients between replicas.
 
   The `tf.distribute.CrossDeviceOps` of `ndq_tf.MirroredStrategy` (pass it as
@@ -39,8 +85,10 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
   docs/algorithms.md.
 
   What is compressed: gradient aggregation, i.e. the all-reduce of the
-  gradients a Keras optimizer is applying (`model.fit`, `apply_gradients`
-  in custom loops, `LossScaleOptimizer`, gradient accumulation; see
+  gradients a Keras 3 optimizer is applying (`model.fit`, `apply_gradients`
+  in custom loops, `LossScaleOptimizer`, gradient accumulation) and every
+  `batch_reduce` whose destinations are trainable variables (tf_keras'
+  optimizers, TF's low-level `batch_reduce_to(SUM, grads_and_vars)`; see
   `ndq_tf.distribute.gradient_detection`), and all-reduces built inside
   `ndq_tf.distribute.compressed()`; of those, SUM or MEAN of dense floating
   tensors of at least `min_elements` elements. Everything else goes
@@ -49,8 +97,8 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
   `reduce`, broadcasts (the optimizer's int64 step), integer tensors, small
   tensors, `IndexedSlices` (unless `compress_indexed_slices`), gathers. One
   call may mix both kinds. Inside a plain `tf.distribute.MirroredStrategy`,
-  which cannot tell gradients apart, only `compressed()` scopes are
-  compressed.
+  which cannot see Keras 3's optimizers, only reductions to trainable
+  variables and `compressed()` scopes are compressed.
 
   State: the engine's step counter (the dither's step, advanced by one per
   compressed call), its telemetry and the nested senders' noise state are
@@ -119,18 +167,20 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
       plain host variables).
   """
 
-  def __init__(self,
-               codec,
-               min_elements=options_lib.DEFAULT_MIN_ELEMENTS,
-               seed=0,
-               compress_indexed_slices=False,
-               fallback=None,
-               name="compressed_all_reduce",
-               reference_codec=None,
-               reference_replicas=None,
-               adaptive=None,
-               transport="auto",
-               chunk_elements=options_lib.DEFAULT_CHUNK_ELEMENTS):
+  def __init__(
+      self,
+      codec: CodecLike,
+      min_elements: int = options_lib.DEFAULT_MIN_ELEMENTS,
+      seed: int = 0,
+      compress_indexed_slices: bool = False,
+      fallback: tf.distribute.CrossDeviceOps | None = None,
+      name: str = "compressed_all_reduce",
+      reference_codec: CodecLike | None = None,
+      reference_replicas: int | float | None = None,
+      adaptive: bool | None = None,
+      transport: str = "auto",
+      chunk_elements: int | None = options_lib.DEFAULT_CHUNK_ELEMENTS,
+  ) -> None:
     tf.distribute.CrossDeviceOps.__init__(self)
     tf.Module.__init__(self, name=name)
     self._options = options_lib.CompressionOptions(
@@ -239,7 +289,7 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
     """The `int32` variable counting compressed calls (the dither's step)."""
     return self._engine.step
 
-  def stats(self):
+  def stats(self) -> dict[str, Any]:
     """The telemetry of the last compressed call (`telemetry` keys)."""
     return self._engine.stats()
 
@@ -300,7 +350,8 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
     num_replicas = max((len(v.values) for v, _ in pairs if isinstance(
         v, tf_internals.DistributedValues)), default=1)
     compressed, lossless, devices = self._engine.split(
-        reduce_op, pairs, num_replicas, gradient=self._is_gradient())
+        reduce_op, pairs, num_replicas,
+        gradient=self._is_gradient(reduce_op, pairs, num_replicas))
     results = [None] * len(pairs)
     if lossless:
       reduced = self._fallback.batch_reduce(
@@ -321,18 +372,21 @@ class CompressedAllReduce(tf.distribute.CrossDeviceOps, tf.Module):
             [summed[k] for summed in per_destination])
     return results
 
-
-  def _is_gradient(self):
+  def _is_gradient(self, reduce_op, pairs, num_replicas):
     if self._labels is not None:
-      return self._labels.consume()
+      return self._labels.is_gradient(reduce_op, pairs, num_replicas,
+                                      self._options.min_elements)
+    if gradient_detection.destinations_are_trainable_variables(pairs):
+      return True  # batch_reduce_to(grads_and_vars): tf_keras, TF's loop.
     if not self._warned_unlabelled:
       self._warned_unlabelled = True
       logging.warning(
           "ndq_tf: CompressedAllReduce inside a plain "
-          "tf.distribute.MirroredStrategy cannot recognise gradient "
-          "aggregation, so it compresses only all-reduces built inside "
+          "tf.distribute.MirroredStrategy cannot recognise Keras 3's "
+          "gradient aggregation, so it compresses only gradients reduced to "
+          "their variables (batch_reduce_to: tf_keras, TF's low-level "
+          "loop) and all-reduces built inside "
           "ndq_tf.distribute.compressed(). Use "
           "ndq_tf.MirroredStrategy(cross_device_ops=...) to compress "
-          "gradients.")
+          "Keras 3's gradients.")
     return False
-

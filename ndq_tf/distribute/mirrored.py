@@ -1,20 +1,34 @@
 """`ndq_tf.MirroredStrategy`: `tf.distribute.MirroredStrategy` with compressed gradients."""
 
+from __future__ import annotations
+
+from typing import Any, Sequence
+
 import tensorflow as tf
 
 from ndq_tf.distribute import gradient_detection
+from ndq_tf.distribute import options as options_lib
 from ndq_tf.distribute import strategy_state
 from ndq_tf.distribute import tf_internals
+from ndq_tf.distribute.cross_device_ops import CodecLike
 from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
 
 __all__ = [
     "MirroredStrategy",
 ]
 
+_DEFAULTS = dict(
+    min_elements=options_lib.DEFAULT_MIN_ELEMENTS, seed=0,
+    compress_indexed_slices=False, fallback=None, reference_codec=None,
+    reference_replicas=None, adaptive=None, transport="auto",
+    chunk_elements=options_lib.DEFAULT_CHUNK_ELEMENTS)
+
 
 class _MirroredExtended(gradient_detection.LabellingExtendedMixin,
                         tf_internals.MirroredExtended):
   """`MirroredExtended` that notes which all-reduces aggregate gradients."""
+
+  _ndq_who = "ndq_tf.MirroredStrategy"
 
 
 class MirroredStrategy(tf.distribute.MirroredStrategy,
@@ -22,10 +36,17 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
   """Synchronous data-parallel training on one machine with compressed gradients.
 
   A `tf.distribute.MirroredStrategy` whose cross-device ops are a
-  `ndq_tf.CompressedAllReduce(codec, **kwargs)`: `model.fit`,
-  `strategy.run` + `optimizer.apply_gradients` and
-  `ReplicaContext.all_reduce` send quantized gradients between replicas,
-  and every replica ends each step with bitwise identical variables.
+  `ndq_tf.CompressedAllReduce(codec, ...)`. Gradient aggregation travels
+  quantized between replicas: Keras 3 and tf_keras `model.fit`,
+  `strategy.run` + `optimizer.apply_gradients`, and TF's low-level
+  `strategy.extended.batch_reduce_to(SUM, grads_and_vars)`
+  (`ndq_tf.distribute.gradient_detection`). Every other reduction is
+  exact, your own `ReplicaContext.all_reduce` included unless built inside
+  `ndq_tf.distribute.compressed()`; a step whose gradients were all-reduced
+  that way without it logs a warning once and is counted
+  (`unrecognised_gradient_steps`). Every replica ends each step with
+  bitwise identical variables. With one replica nothing is compressed (a
+  warning says so once).
 
   The dither counter (`compression_step`) and the nested senders' noise
   state are saved with the model, with nothing to do for the user:
@@ -66,12 +87,13 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
       `cross_device_ops=CompressedAllReduce(...)` instead.
     devices: device strings, as for `tf.distribute.MirroredStrategy`
       (default: all local GPUs, else the CPU).
-    cross_device_ops: a ready `CompressedAllReduce` (then `codec` and
-      `**kwargs` must be omitted).
-    **kwargs: passed to `CompressedAllReduce` (`min_elements`, `seed`,
-      `compress_indexed_slices`, `fallback`, `transport`, and for a nested
-      `codec`
-      `reference_codec`, `reference_replicas`, `adaptive`).
+    cross_device_ops: a ready `CompressedAllReduce` (then `codec` and the
+      arguments below must be left at their defaults).
+    min_elements, seed, compress_indexed_slices, fallback,
+      reference_codec, reference_replicas, adaptive, transport,
+      chunk_elements: passed to `CompressedAllReduce` (see there);
+      `reference_codec`, `reference_replicas` and `adaptive` for a nested
+      `codec` only.
 
   Nested codecs (the paper's Algorithm 2):
 
@@ -89,15 +111,36 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
     TypeError: if `cross_device_ops` is not a `CompressedAllReduce`.
   """
 
-  def __init__(self, codec=None, devices=None, cross_device_ops=None,
-               **kwargs):
+  def __init__(
+      self,
+      codec: CodecLike | None = None,
+      devices: Sequence[str] | None = None,
+      cross_device_ops: CompressedAllReduce | None = None,
+      *,
+      min_elements: int = options_lib.DEFAULT_MIN_ELEMENTS,
+      seed: int = 0,
+      compress_indexed_slices: bool = False,
+      fallback: tf.distribute.CrossDeviceOps | None = None,
+      reference_codec: CodecLike | None = None,
+      reference_replicas: int | float | None = None,
+      adaptive: bool | None = None,
+      transport: str = "auto",
+      chunk_elements: int | None = options_lib.DEFAULT_CHUNK_ELEMENTS,
+  ) -> None:
+    given = dict(min_elements=min_elements, seed=seed,
+                 compress_indexed_slices=compress_indexed_slices,
+                 fallback=fallback, reference_codec=reference_codec,
+                 reference_replicas=reference_replicas, adaptive=adaptive,
+                 transport=transport, chunk_elements=chunk_elements)
+    kwargs = {k: v for k, v in given.items() if v is not _DEFAULTS[k] and
+              v != _DEFAULTS[k]}
     if cross_device_ops is None:
       if codec is None:
         raise ValueError(
             "ndq_tf.MirroredStrategy needs `codec` (or a ready "
             "`cross_device_ops=CompressedAllReduce(...)`). Received: "
             "codec=None.")
-      cross_device_ops = CompressedAllReduce(codec, **kwargs)
+      cross_device_ops = CompressedAllReduce(codec, **given)
     else:
       if codec is not None or kwargs:
         raise ValueError(
@@ -120,9 +163,11 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
       cross_device_ops.reference_count(len(self.extended.worker_devices))
     self._ndq_all_reduce = cross_device_ops
     self._track_engine(cross_device_ops.engine)
+    gradient_detection.warn_if_single_sender(
+        "ndq_tf.MirroredStrategy", self.num_replicas_in_sync)
 
   @property
-  def compressed_all_reduce(self):
+  def compressed_all_reduce(self) -> CompressedAllReduce:
     """The `CompressedAllReduce` of this strategy."""
     return self._ndq_all_reduce
 
@@ -131,7 +176,7 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
     """The exchange engine: step counter, telemetry, nested noise state."""
     return self._ndq_all_reduce.engine
 
-  def run(self, fn, args=(), kwargs=None, options=None):
+  def run(self, fn, args=(), kwargs=None, options=None) -> Any:
     """`tf.distribute.Strategy.run`, refusing XLA-compiled replica functions.
 
     Raises:

@@ -23,10 +23,14 @@ References:
   Reduction in Distributed Training. arXiv:1904.01197, 2019.
 """
 
+from __future__ import annotations
+
 import itertools
+from typing import Any
 
 import tensorflow as tf
 
+from ndq_tf.distribute import cross_device_ops
 from ndq_tf.distribute import engine as engine_lib
 from ndq_tf.distribute import fingerprint
 from ndq_tf.distribute import gradient_detection
@@ -42,6 +46,7 @@ __all__ = [
     "MultiWorkerMirroredStrategy",
 ]
 
+CodecLike = cross_device_ops.CodecLike
 _BASES = tf_internals.MULTI_WORKER_BASES
 _WHO = "ndq_tf.MultiWorkerMirroredStrategy"
 # Collective group keys each strategy of a process may use. TF starts every
@@ -60,7 +65,8 @@ def _local_sum(parts):
   return tf.reduce_sum(tf.stack([tf.identity(p) for p in parts]), axis=0)
 
 
-class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
+class MultiWorkerCompressedAllReduce(cross_device_ops.DeprecatedTelemetry,
+                                     _BASES.CollectiveAllReduce):
   """`CollectiveAllReduce` whose between-worker gradient reduction is compressed.
 
   Built by `MultiWorkerMirroredStrategy`; you do not normally build it
@@ -109,6 +115,10 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
     """The `ExchangeEngine` (step counter, telemetry, nested state)."""
     return self._engine
 
+  def stats(self):
+    """The telemetry of the last compressed exchange (`telemetry` keys)."""
+    return self._engine.stats()
+
   @property
   def worker_id(self):
     return self._worker_id
@@ -136,7 +146,9 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
     pairs = list(value_destination_pairs)
     compressed, lossless, _ = self._engine.split(
         reduce_op, pairs, self._num_workers,
-        gradient=self._labels.consume())
+        gradient=self._labels.is_gradient(
+            reduce_op, pairs, self._num_workers,
+            self._engine.options.min_elements))
     if not compressed:
       return super().batch_reduce_implementation(reduce_op, pairs, options)
     results = [None] * len(pairs)
@@ -193,6 +205,8 @@ class MultiWorkerCompressedAllReduce(_BASES.CollectiveAllReduce):
 class _CompressedCollectiveExtended(gradient_detection.LabellingExtendedMixin,
                                    _BASES.CollectiveAllReduceExtended):
   """`CollectiveAllReduceExtended` with compressed cross-device ops."""
+
+  _ndq_who = _WHO
 
   def __init__(self, container_strategy, cluster_resolver,
                communication_options, compression, cluster_timeout):
@@ -338,12 +352,23 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
     ValueError: for a bad argument value, or a malformed `TF_CONFIG`.
   """
 
-  def __init__(self, codec, cluster_resolver=None, communication_options=None,
-               min_elements=options_lib.DEFAULT_MIN_ELEMENTS, seed=0,
-               reference_codec=None, reference_workers=None,
-               cluster_timeout=None, adaptive=None,
-               compress_indexed_slices=False, transport="auto",
-               chunk_elements=options_lib.DEFAULT_CHUNK_ELEMENTS):
+  def __init__(
+      self,
+      codec: CodecLike,
+      cluster_resolver: (
+          tf.distribute.cluster_resolver.ClusterResolver | None) = None,
+      communication_options: (
+          tf.distribute.experimental.CommunicationOptions | None) = None,
+      min_elements: int = options_lib.DEFAULT_MIN_ELEMENTS,
+      seed: int = 0,
+      reference_codec: CodecLike | None = None,
+      reference_workers: int | float | None = None,
+      cluster_timeout: float | None = None,
+      adaptive: bool | None = None,
+      compress_indexed_slices: bool = False,
+      transport: str = "auto",
+      chunk_elements: int | None = options_lib.DEFAULT_CHUNK_ELEMENTS,
+  ) -> None:
     tf_internals.multi_worker()  # Raises if this TF lacks its internals.
     compression = options_lib.CompressionOptions(
         codec, min_elements=min_elements, seed=seed,
@@ -371,6 +396,8 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
         communication_options=communication_options,
         compression=compression, cluster_timeout=cluster_timeout))
     self._track_engine(self.compression_engine)
+    gradient_detection.warn_if_single_sender(
+        _WHO, self.extended._num_workers, unit="worker")  # pylint: disable=protected-access
 
   @property
   def options(self):
@@ -401,7 +428,7 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
     """The exchange engine: step counter, telemetry, nested noise state."""
     return self.compressed_all_reduce.engine
 
-  def reduce(self, reduce_op, value, axis):
+  def reduce(self, reduce_op, value, axis) -> Any:
     """`tf.distribute.Strategy.reduce`, also for nested values and scalars.
 
     Keras 3 calls `reduce` on a nested batch and with `axis=0` on per-replica
@@ -416,7 +443,7 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
       axis = None
     return super().reduce(reduce_op, value, axis)
 
-  def get_config(self):
+  def get_config(self) -> dict[str, Any]:
     """The constructor arguments that describe the compression."""
     config = self._compression.get_config()
     if "reference_group" in config:

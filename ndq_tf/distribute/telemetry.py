@@ -50,6 +50,13 @@ Counted since the strategy was built (not only the last exchange):
   losslessly for a structural reason (destinations on other devices, no
   static shape, shapes that differ between replicas); each reason is
   also logged once.
+* `unrecognised_gradient_steps`: `strategy.run` calls that updated
+  trainable variables from an all-reduce nothing recognised as gradient
+  aggregation (so it travelled losslessly), e.g. a
+  `ReplicaContext.all_reduce` of gradients by hand outside
+  `ndq_tf.distribute.compressed()`; logged once
+  (`ndq_tf.distribute.gradient_detection`). Under a `tf.function`, the
+  check is made when it is traced and the count when it runs.
 
 With a nested codec, about this process's nested senders (none on a
 reference worker: zeros):
@@ -78,7 +85,7 @@ KEYS = ("step", "transport", "senders", "local_senders", "sent_bits",
         "payload_bits", "link_bits", "compressed_elements",
         "lossless_elements", "wire_bits_per_element", "compression_ratio",
         "link_compression_ratio", "uncompressed_gradient_reductions",
-        "lossless_fallbacks")
+        "lossless_fallbacks", "unrecognised_gradient_steps")
 
 #: The transports an exchange reports, by their code in the telemetry.
 TRANSPORT_NAMES = ("all_gather", "all_reduce")
@@ -87,7 +94,8 @@ NESTED_KEYS = ("overloads", "nested_elements", "overload_rate",
 
 _COUNTERS = ("senders", "local_senders", "sent_bits", "payload_bits",
              "link_bits", "compressed_elements", "lossless_elements")
-_CUMULATIVE = ("uncompressed_gradient_reductions", "lossless_fallbacks")
+_CUMULATIVE = ("uncompressed_gradient_reductions", "lossless_fallbacks",
+               "unrecognised_gradient_steps")
 _NESTED_COUNTERS = ("overloads", "nested_elements", "fallback_buckets",
                     "nested_buckets")
 
@@ -145,7 +153,8 @@ class Telemetry(tf.Module):
 
   def count(self, **increments):
     """Adds to the cumulative counters (`uncompressed_gradient_reductions`,
-    `lossless_fallbacks`) when the reduction runs; returns the ops."""
+    `lossless_fallbacks`, `unrecognised_gradient_steps`) when the reduction
+    runs; returns the ops."""
     unknown = set(increments) - set(_CUMULATIVE)
     if unknown:
       raise ValueError(f"Unknown telemetry counters: {sorted(unknown)}.")

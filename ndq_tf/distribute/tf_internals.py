@@ -346,3 +346,22 @@ def loop_safe_collectives(*owners):
       continue
     for launcher in getattr(owner, "_launchers", None) or [owner]:
       _loop_safe(launcher)
+
+
+# -- Gradient detection beyond Keras 3's optimizers (issue #19) ---------------
+# `gradient_detection.LabellingExtendedMixin` overrides `_update`, through
+# which every `extended.update` and every cross-replica `var.assign*` of a
+# mirrored variable goes, to catch gradients that travelled unrecognised.
+# Keras 2 (tf_keras) needs no internal: its optimizers reduce gradients to
+# their variables (`batch_reduce_to`), a public signal.
+
+if not hasattr(MirroredExtended, "_update"):  # pragma: no cover
+  raise _missing("MirroredExtended._update",
+                 AttributeError("MirroredExtended._update"))
+
+
+def keras2_version():
+  """The version of tf_keras (Keras 2) if it is imported, else None."""
+  import sys  # pylint: disable=g-import-not-at-top
+  module = sys.modules.get("tf_keras")
+  return getattr(module, "__version__", None) if module else None

@@ -64,6 +64,11 @@ class CompressionStats(keras.callbacks.Callback):
     worker's own payload, so only on nested workers), and
     `fallback_fraction`, the buckets sent as DQSG instead.
 
+  One class for both Keras versions: it is a Keras 3 callback and also
+  answers the hooks tf_keras (Keras 2: `import tf_keras`, or `tf.keras`
+  with `TF_USE_LEGACY_KERAS=1`) asks of its callbacks, so it goes in the
+  `callbacks` of either `fit`, with the same keys.
+
   They show on the progress bar, in `History`, and in
   `keras.callbacks.TensorBoard` / `CSVLogger` when this callback comes
   *before* those in the `callbacks` list (Keras passes one `logs` dict down
@@ -140,6 +145,22 @@ class CompressionStats(keras.callbacks.Callback):
   @classmethod
   def from_config(cls, config):
     return cls(**config)
+
+  # -- What tf_keras' CallbackList asks (Keras 3 asks nothing) ---------------
+
+  # tf_keras hands this callback Python numbers, as Keras 3 does.
+  _supports_tf_logs = False
+
+  def _implements_train_batch_hooks(self):
+    return True
+
+  def _implements_test_batch_hooks(self):
+    return False
+
+  def _implements_predict_batch_hooks(self):
+    return False
+
+  # -- Hooks ------------------------------------------------------------------
 
   def on_train_begin(self, logs=None):
     if self._given is None:

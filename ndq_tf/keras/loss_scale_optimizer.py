@@ -5,6 +5,7 @@ import math
 import keras
 import tensorflow as tf
 
+from ndq_tf.distribute import tf_internals
 from ndq_tf.distribute.scope import uncompressed
 
 __all__ = [
@@ -52,6 +53,21 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     inner_optimizer, initial_scale, dynamic_growth_steps, **kwargs: as for
       `keras.optimizers.LossScaleOptimizer`.
   """
+
+  def __init__(self, inner_optimizer, *args, **kwargs):
+    if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+      keras2 = tf_internals.keras2_version()
+      what = (f"a Keras 2 (tf_keras {keras2}) optimizer" if keras2 and
+              type(inner_optimizer).__module__.startswith("tf_keras")
+              else f"a {type(inner_optimizer).__name__}")
+      raise TypeError(
+          f"`inner_optimizer` must be a Keras 3 optimizer: "
+          f"ndq_tf.keras.LossScaleOptimizer is a Keras 3 feature (Keras "
+          f"{keras.__version__}). Received: {what}, inner_optimizer="
+          f"{inner_optimizer!r}. With tf_keras, use "
+          f"tf_keras.mixed_precision.LossScaleOptimizer, whose gradients "
+          f"ndq_tf compresses too.")
+    super().__init__(inner_optimizer, *args, **kwargs)
 
   def apply(self, grads, trainable_variables=None):
     grads = list(grads)
