@@ -70,10 +70,11 @@ def check_rotation(rotation, bucket_size):
     raise ValueError(
         f"`rotation` must be None or 'hadamard'. Received: "
         f"rotation={rotation!r}.")
-  if rotation is not None and (bucket_size < 1
+  if rotation is not None and (bucket_size < 4
                                or bucket_size & (bucket_size - 1)):
     raise ValueError(
-        f"`bucket_size` must be a power of two with rotation={rotation!r} "
+        f"`bucket_size` must be a power of two >= 4 with rotation="
+        f"{rotation!r} "
         f"(the Walsh-Hadamard transform of a bucket). Received: "
         f"bucket_size={bucket_size!r}.")
   return rotation
