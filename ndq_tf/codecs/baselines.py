@@ -114,6 +114,10 @@ class QSGDCodec(_StochasticRoundingCodec):
   Args:
     num_levels: `s >= 1`.
     bucket_size: values per norm.
+    rotation: `None` (default) or `"hadamard"`: each bucket is multiplied
+      by random signs and Walsh–Hadamard transformed before quantization,
+      and transformed back after decoding (needs a power-of-two
+      `bucket_size >= 4`; docs/algorithms.md#randomized-hadamard-rotation).
   """
 
   _norm = "l2"
@@ -144,6 +148,10 @@ class TernGradCodec(_StochasticRoundingCodec):
 
   Args:
     bucket_size: values per scale.
+    rotation: `None` (default) or `"hadamard"`: each bucket is multiplied
+      by random signs and Walsh–Hadamard transformed before quantization,
+      and transformed back after decoding (needs a power-of-two
+      `bucket_size >= 4`; docs/algorithms.md#randomized-hadamard-rotation).
   """
 
   _norm = "max"

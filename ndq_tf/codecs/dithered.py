@@ -47,6 +47,10 @@ class DitheredCodec(bucketed.BucketedCodec):
   Args:
     num_levels: `M >= 1`; `2M + 1` levels, step `1/M` in max-normalized units.
     bucket_size: values per scale, `>= 1`.
+    rotation: `None` (default) or `"hadamard"`: each bucket is multiplied
+      by random signs and Walsh–Hadamard transformed before quantization,
+      and transformed back after decoding (needs a power-of-two
+      `bucket_size >= 4`; docs/algorithms.md#randomized-hadamard-rotation).
 
   Raises:
     ValueError: for an argument out of range.
@@ -122,6 +126,10 @@ class HalfDitheredCodec(bucketed.BucketedCodec):
     num_levels: `M >= 1`, step `1/M`.
     bucket_size: values per scale.
     dither_order: `m >= 1`, the number of uniforms summed into the dither.
+    rotation: `None` (default) or `"hadamard"`: each bucket is multiplied
+      by random signs and Walsh–Hadamard transformed before quantization,
+      and transformed back after decoding (needs a power-of-two
+      `bucket_size >= 4`; docs/algorithms.md#randomized-hadamard-rotation).
   """
 
   needs_encode_seed = True

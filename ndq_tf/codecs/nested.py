@@ -71,6 +71,11 @@ class NestedDitheredCodec(bucketed.BucketedCodec):
     bucket_size: values per scale.
     overload_target: adaptive mode: the overload probability per element
       the fine step is chosen for, in `(0, 0.5)`.
+    rotation: `None` (default) or `"hadamard"`: each bucket is multiplied
+      by random signs and Walsh–Hadamard transformed before quantization,
+      and transformed back after decoding; the side information is
+      rotated with the same signs (needs a power-of-two
+      `bucket_size >= 4`; docs/algorithms.md#randomized-hadamard-rotation).
 
   Raises:
     ValueError: for an argument out of range.
