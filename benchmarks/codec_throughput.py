@@ -6,6 +6,11 @@ least any codec could do), the codecs run `decode(encode(x))` as their users
 call them. Reported as ratios, which transfer between machines far better
 than seconds.
 
+With `--rotation` (the default) every codec that takes `rotation=` is
+measured again with `rotation="hadamard"`, in the same run, alternating
+the two, and the table gives the extra cost of the rotation in elementwise
+passes: `(t_rotated - t_plain) / t_pass` (issue #17's goal: at most 1.5).
+
 Usage:
   python benchmarks/codec_throughput.py [--num_elements=16777216] [--repeats=7]
 """
@@ -22,8 +27,10 @@ import ndq_tf
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_elements", 16 * 2**20, "Elements in the buffer.")
 flags.DEFINE_integer("repeats", 7, "Timed repetitions; the median is shown.")
-flags.DEFINE_string("codecs", "", "Comma-separated codec specs (see "
+flags.DEFINE_string("codecs", "", "Semicolon-separated codec specs (see "
                     "ndq_tf.codecs.get); empty: every codec.")
+flags.DEFINE_bool("rotation", True, "Also measure rotation='hadamard' for "
+                  "the codecs that take it.")
 
 _DEFAULT = [
     "float32", "float16", "dqsg:num_levels=1", "dqsg:num_levels=3",
@@ -58,9 +65,12 @@ def main(argv):
   print("Ratios are encode + decode over that pass, measured in this run; "
         "CPU time is steadier than wall time on a shared machine.\n")
   print("| codec | bits/elem | encode+decode ms (wall) | ratio (wall) | "
-        "ratio (CPU) |")
-  print("|---|---:|---:|---:|---:|")
-  specs = FLAGS.codecs.split(",") if FLAGS.codecs else _DEFAULT
+        "ratio (CPU) |" + (" rotated: bits/elem | ratio (wall) | ratio (CPU) "
+                           "| extra passes (wall / CPU) |"
+                           if FLAGS.rotation else ""))
+  print("|---|---:|---:|---:|---:|" + ("---:|---:|---:|---:|"
+                                     if FLAGS.rotation else ""))
+  specs = FLAGS.codecs.split(";") if FLAGS.codecs else _DEFAULT
   for spec in specs:
     codec = ndq_tf.codecs.get(spec)
     kwargs = ({"side_information": side}
@@ -69,10 +79,32 @@ def main(argv):
     def run(codec=codec, kwargs=kwargs):
       codec.decode(codec.encode(x, seed), seed, **kwargs).numpy()
 
-    seconds, cpu = _median_seconds(run, FLAGS.repeats)
+    rotated = None
+    if FLAGS.rotation and "rotation" in codec.get_config():
+      rotated = type(codec)(**dict(codec.get_config(), rotation="hadamard"))
+
+      def run_rotated(codec=rotated, kwargs=kwargs):
+        codec.decode(codec.encode(x, seed), seed, **kwargs).numpy()
+
+      # Alternate plain and rotated so that both see the same load.
+      times = [(_median_seconds(run, 1), _median_seconds(run_rotated, 1))
+               for _ in range(FLAGS.repeats)]
+      seconds, cpu = (float(np.median([t[0][i] for t in times]))
+                      for i in (0, 1))
+      r_seconds, r_cpu = (float(np.median([t[1][i] for t in times]))
+                          for i in (0, 1))
+    else:
+      seconds, cpu = _median_seconds(run, FLAGS.repeats)
     bits = codec.wire_bits(n) / n
-    print(f"| `{codec!r}` | {bits:.3f} | {seconds * 1e3:.1f} | "
-          f"{seconds / base:.2f} | {cpu / base_cpu:.2f} |")
+    row = (f"| `{codec!r}` | {bits:.3f} | {seconds * 1e3:.1f} | "
+           f"{seconds / base:.2f} | {cpu / base_cpu:.2f} |")
+    if rotated is not None:
+      row += (f" {rotated.wire_bits(n) / n:.3f} | {r_seconds / base:.2f} | "
+              f"{r_cpu / base_cpu:.2f} | {(r_seconds - seconds) / base:.2f} "
+              f"/ {(r_cpu - cpu) / base_cpu:.2f} |")
+    elif FLAGS.rotation:
+      row += " | | | |"
+    print(row, flush=True)
 
 
 if __name__ == "__main__":

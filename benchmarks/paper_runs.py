@@ -14,6 +14,8 @@ RUNS = collections.OrderedDict([
     ("float32", ("float32", "float32", None)),
     ("fp16", ("fp16", "float16", None)),
     ("dqsg1", ("DQSG M=1", "dqsg:num_levels=1,bucket_size=512", None)),
+    ("dqsg1r", ("DQSG M=1, rotated",
+                "dqsg:num_levels=1,bucket_size=512,rotation=hadamard", None)),
     ("dqsg3", ("DQSG M=3", "dqsg:num_levels=3,bucket_size=512", None)),
     ("ndqsg33", ("NDQSG (3,3)",
                  "ndqsg:num_levels=3,coarse_ratio=3,bucket_size=512",

@@ -8,6 +8,8 @@ References:
   docs/algorithms.md#baselines-qsgd-and-terngrad: how they are computed here.
 """
 
+from typing import Optional
+
 import tensorflow as tf
 
 from ndq_tf.codecs import base
@@ -66,7 +68,6 @@ class Float16Codec(base.Codec):
 class _StochasticRoundingCodec(bucketed.BucketedCodec):
   """Scale per bucket, then unbiased stochastic rounding to `{-s..s}`."""
 
-  decoder_needs_seed = False
   needs_encode_seed = True
   _norm = "max"
   _levels = 1
@@ -113,21 +114,28 @@ class QSGDCodec(_StochasticRoundingCodec):
   Args:
     num_levels: `s >= 1`.
     bucket_size: values per norm.
+    rotation: `None` (default) or `"hadamard"`: each bucket is multiplied
+      by random signs and Walsh–Hadamard transformed before quantization,
+      and transformed back after decoding (needs a power-of-two
+      `bucket_size >= 4`; docs/algorithms.md#randomized-hadamard-rotation).
   """
 
   _norm = "l2"
 
-  def __init__(self, num_levels=1, bucket_size=512):
+  def __init__(self, num_levels: int = 1, bucket_size: int = 512,
+               rotation: Optional[str] = None):
     self._levels = base.check_int("num_levels", num_levels, 1,
                                   bucketed.MAX_LEVELS)
     self._bucket_size = base.check_int("bucket_size", bucket_size, 1)
+    self._set_rotation(rotation)
 
   @property
   def num_levels(self):
     return self._levels
 
   def get_config(self):
-    return {"num_levels": self._levels, "bucket_size": self._bucket_size}
+    return {"num_levels": self._levels, "bucket_size": self._bucket_size,
+            "rotation": self._rotation}
 
 
 @base.register
@@ -140,13 +148,18 @@ class TernGradCodec(_StochasticRoundingCodec):
 
   Args:
     bucket_size: values per scale.
+    rotation: `None` (default) or `"hadamard"`: each bucket is multiplied
+      by random signs and Walsh–Hadamard transformed before quantization,
+      and transformed back after decoding (needs a power-of-two
+      `bucket_size >= 4`; docs/algorithms.md#randomized-hadamard-rotation).
   """
 
   _norm = "max"
 
-  def __init__(self, bucket_size=512):
+  def __init__(self, bucket_size: int = 512, rotation: Optional[str] = None):
     self._bucket_size = base.check_int("bucket_size", bucket_size, 1)
+    self._set_rotation(rotation)
 
   def get_config(self):
-    return {"bucket_size": self._bucket_size}
+    return {"bucket_size": self._bucket_size, "rotation": self._rotation}
 

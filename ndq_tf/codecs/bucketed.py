@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from ndq_tf.codecs import base
 from ndq_tf.ops import packing_ops
-from ndq_tf.ops import sum_decode_ops
+from ndq_tf.ops import rotation_ops
 
 __all__ = [
     "BucketedCodec",
@@ -62,6 +62,9 @@ class BucketedCodec(base.Codec):
   """
 
   _norm = "max"
+  #: Whether `_dequantize` reads the seed (to subtract the dither).
+  _decode_uses_seed = False
+  _rotation = None
 
   # -- Subclass hooks ---------------------------------------------------------
 
@@ -84,25 +87,72 @@ class BucketedCodec(base.Codec):
     """Values per scale."""
     return self._bucket_size
 
+  @property
+  def rotation(self):
+    """`None`, or `"hadamard"`: buckets rotated before quantization."""
+    return self._rotation
+
+  @property
+  def decoder_needs_seed(self):
+    """Whether `decode` needs the encoder's seed (dither or rotation signs)."""
+    return self._decode_uses_seed or self._rotation is not None
+
+  def _set_rotation(self, rotation):
+    """Validates and sets `rotation` (after `_bucket_size`)."""
+    self._rotation = rotation_ops.check_rotation(rotation, self._bucket_size)
+
   def _num_scales(self, num_elements):
     return -(-num_elements // self.bucket_size)
 
+  def _coded_length(self, num_elements):
+    """Codes on the wire: one per element, or whole buckets when rotated.
+
+    A rotated bucket's `d` coefficients all carry the values of the bucket,
+    so a last bucket that the tensor does not fill is padded with zeros,
+    rotated and sent whole (docs/algorithms.md#randomized-hadamard-rotation).
+    """
+    if self._rotation is None:
+      return num_elements
+    return self._num_scales(num_elements) * self.bucket_size
+
   def _num_words(self, num_elements):
-    return packing_ops.num_words(num_elements, self.alphabet_size)
+    return packing_ops.num_words(self._coded_length(num_elements),
+                                 self.alphabet_size)
+
+  def _signs(self, seed, num_buckets, dtype):
+    return rotation_ops.rotation_signs(seed, num_buckets, self.bucket_size,
+                                       dtype)
+
+  def _rotate(self, xb, seed):
+    """`xb`, rotated with the signs of `seed` when the codec rotates."""
+    if self._rotation is None:
+      return xb
+    return rotation_ops.rotate(xb, self._signs(seed, xb.shape[0], xb.dtype))
+
+  def _unrotate(self, yb, seed):
+    if self._rotation is None:
+      return yb
+    return rotation_ops.unrotate(yb, self._signs(seed, yb.shape[0],
+                                                 yb.dtype))
 
   @property
   def _symbol_dtype(self):
     return tf.uint8 if self.alphabet_size <= 256 else tf.int32
 
   def _quantize_stage(self, x, seed, noise_scale=None):
-    xb = base.to_buckets(x, self.bucket_size)
+    xb = self._rotate(base.to_buckets(x, self.bucket_size), seed)
     scales = base.bucket_scales(xb, self._norm)
     if noise_scale is None:
       q = self._quantize(xb, scales, seed)
     else:
+      if self._rotation is not None:
+        # The spread of the residual in the rotated domain, whose scale
+        # differs from the orthonormal one by `rotation_ops.domain_gain`.
+        noise_scale = noise_scale * rotation_ops.domain_gain(
+            self.bucket_size)
       q, scales = self._quantize_adaptive(xb, scales, seed, noise_scale)
-    symbols = base.from_buckets(q, x.shape[0]) + self._offset
-    return tf.cast(symbols, self._symbol_dtype), scales
+    symbols = base.from_buckets(q, self._coded_length(x.shape[0]))
+    return tf.cast(symbols + self._offset, self._symbol_dtype), scales
 
   def _pack_stage(self, symbols):
     return packing_ops.pack_codes(symbols, self.alphabet_size)
@@ -113,12 +163,15 @@ class BucketedCodec(base.Codec):
 
   def _dequantize_stage(self, symbols, scales, n, seed, side_information,
                         dtype):
-    q = tf.cast(tf.reshape(symbols, [-1])[:n], dtype) - self._offset
+    length = self._coded_length(n)
+    q = tf.cast(tf.reshape(symbols, [-1])[:length], dtype) - self._offset
     q = base.to_buckets(q, self.bucket_size)
     if side_information is not None:
-      side_information = base.to_buckets(side_information, self.bucket_size)
-    return base.from_buckets(
-        self._dequantize(q, tf.cast(scales, dtype), seed, side_information), n)
+      side_information = self._rotate(
+          base.to_buckets(side_information, self.bucket_size), seed)
+    decoded = self._dequantize(q, tf.cast(scales, dtype), seed,
+                               side_information)
+    return base.from_buckets(self._unrotate(decoded, seed), n)
 
   def _encode_impl(self, flat, seed, noise_scale=None):
     symbols, scales = self._compiled("_quantize_stage")(flat, seed,
@@ -146,20 +199,28 @@ class BucketedCodec(base.Codec):
   # docs/scaling.md). The codecs whose codes add up
   # (`ndq_tf.theory.codes_add_up`) implement `_decode_symbol_sum`.
 
-  def bucket_scales(self, x):
+  def bucket_scales(self, x, rotation_seed=None, dither_offset=0):
     """The `float32` scales `encode` would send for the 1-D tensor `x`.
 
     Args:
       x: 1-D floating tensor with a static length.
+      rotation_seed: with `rotation`, the shape-`[2]` seed of the signs that
+        every sender of the sum shares (required then; see
+        `encode_symbols`): the scales are those of the rotated buckets.
+      dither_offset: with `rotation_seed`, as for `encode_symbols`: the
+        offset of `x` in a longer buffer, whose signs it takes.
 
     Returns:
       `float32` `[⌈n/bucket_size⌉]`: one scale per bucket, NaN for a bucket
       holding a NaN or an Inf.
     """
     x = _check_flat("x", x)
-    return self._compiled("_scales_stage")(x)
+    rotation_seed = self._check_rotation_seed(rotation_seed, x,
+                                              dither_offset, "bucket_scales")
+    return self._compiled("_scales_stage")(x, rotation_seed)
 
-  def encode_symbols(self, x, seed, scales, dither_offset=0):
+  def encode_symbols(self, x, seed, scales, dither_offset=0,
+                     rotation_seed=None):
     """Quantizes the 1-D `x` with given per-bucket scales; returns symbols.
 
     With `scales` the same for every sender (each bucket's largest scale
@@ -175,6 +236,11 @@ class BucketedCodec(base.Codec):
       dither_offset: as for `encode`: `x` is the part of a longer buffer
         starting at this element (a multiple of `bucket_size`), and takes
         that part of the longer buffer's dither.
+      rotation_seed: with `rotation` (required then): the shape-`[2]` seed
+        of the rotation's signs, the same for every sender of the sum (each
+        keeps its own `seed` for its dither), so that the sum of the
+        rotated codes decodes to the rotated sum. `n` must then be a
+        multiple of `bucket_size`.
 
     Returns:
       Integer symbols `code + offset` in `[0, alphabet_size)`, shape `[n]`
@@ -183,11 +249,14 @@ class BucketedCodec(base.Codec):
     x = _check_flat("x", x)
     seed = self._check_seed(seed, self.needs_encode_seed, "encode_symbols")
     seed = self._offset_seed(seed, dither_offset)
+    rotation_seed = self._check_rotation_seed(rotation_seed, x,
+                                              dither_offset, "encode_symbols")
     scales = self._check_scales(scales, x.shape[0])
-    return self._compiled("_shared_scale_stage")(x, seed, scales)
+    return self._compiled("_shared_scale_stage")(x, seed, scales,
+                                                 rotation_seed)
 
   def decode_symbol_sum(self, symbol_sum, scales, seeds, dtype=tf.float32,
-                        dither_offset=0):
+                        dither_offset=0, rotation_seed=None):
     """The sum of the decodes of `P` senders, from the sum of their symbols.
 
     Args:
@@ -198,6 +267,9 @@ class BucketedCodec(base.Codec):
         (any order; only their dithers' sum matters).
       dtype: the floating dtype of the result.
       dither_offset: the `dither_offset` the senders encoded with.
+      rotation_seed: with `rotation` (required then), the senders' shared
+        `rotation_seed`: the sum is decoded in the rotated domain and
+        inverse-rotated once.
 
     Returns:
       A tensor of `symbol_sum`'s shape and `dtype`: equal, to float
@@ -212,6 +284,8 @@ class BucketedCodec(base.Codec):
           f"`symbol_sum` must be 1-D with a static length. Received: "
           f"symbol_sum with shape {symbol_sum.shape}.")
     scales = self._check_scales(scales, symbol_sum.shape[0])
+    rotation_seed = self._check_rotation_seed(
+        rotation_seed, symbol_sum, dither_offset, "decode_symbol_sum")
     seeds = tf.convert_to_tensor(seeds)
     # `[P, 3]`: every sender's seed with the offset, as `_offset_seed`
     # makes it (which also checks the offset); offset 0 keeps `[P, 2]`.
@@ -222,7 +296,30 @@ class BucketedCodec(base.Codec):
           tf.fill([tf.shape(seeds)[0], 1],
                   tf.cast(dither_offset, tf.int64))], axis=1)
     return self._compiled("_symbol_sum_stage")(symbol_sum, scales, seeds,
-                                               tf.as_dtype(dtype))
+                                               tf.as_dtype(dtype),
+                                               rotation_seed)
+
+  def _check_rotation_seed(self, rotation_seed, x, dither_offset, method):
+    """`rotation_seed` with the offset, or None without rotation."""
+    if self._rotation is None:
+      if rotation_seed is not None:
+        raise ValueError(
+            f"{type(self).__name__}.{method} takes `rotation_seed` only with "
+            f"a rotation. Received: rotation_seed={rotation_seed!r} for "
+            f"rotation=None.")
+      return None
+    if rotation_seed is None:
+      raise ValueError(
+          f"{type(self).__name__}.{method} with rotation={self._rotation!r} "
+          f"needs `rotation_seed`, the signs' seed every sender of the sum "
+          f"shares. Received: rotation_seed=None.")
+    if x.shape[0] % self.bucket_size:
+      raise ValueError(
+          f"With rotation={self._rotation!r}, the summed buffers must be "
+          f"whole buckets of bucket_size={self.bucket_size}. Received: "
+          f"{x.shape[0]} values.")
+    rotation_seed = self._check_seed(rotation_seed, True, method)
+    return self._offset_seed(rotation_seed, dither_offset)
 
   def _decode_symbol_sum(self, symbol_sum, scales, seeds, dtype):
     raise TypeError(
@@ -238,12 +335,13 @@ class BucketedCodec(base.Codec):
           f"dtype {scales.dtype.name} and shape {scales.shape}.")
     return scales
 
-  def _scales_stage(self, x):
-    return base.bucket_scales(base.to_buckets(x, self.bucket_size),
-                              self._norm)
+  def _scales_stage(self, x, rotation_seed=None):
+    return base.bucket_scales(
+        self._rotate(base.to_buckets(x, self.bucket_size), rotation_seed),
+        self._norm)
 
-  def _shared_scale_stage(self, x, seed, scales):
-    xb = base.to_buckets(x, self.bucket_size)
+  def _shared_scale_stage(self, x, seed, scales, rotation_seed=None):
+    xb = self._rotate(base.to_buckets(x, self.bucket_size), rotation_seed)
     q = self._quantize(xb, scales, seed)
     # A non-finite shared scale (NaN or Inf in that bucket on some sender)
     # decodes to NaN whatever the codes; code 0 keeps every symbol in its
@@ -252,8 +350,14 @@ class BucketedCodec(base.Codec):
     symbols = base.from_buckets(q, x.shape[0]) + self._offset
     return tf.cast(symbols, self._symbol_dtype)
 
-  def _symbol_sum_stage(self, symbol_sum, scales, seeds, dtype):
-    return self._decode_symbol_sum(symbol_sum, scales, seeds, dtype)
+  def _symbol_sum_stage(self, symbol_sum, scales, seeds, dtype,
+                        rotation_seed=None):
+    total = self._decode_symbol_sum(symbol_sum, scales, seeds, dtype)
+    if self._rotation is None:
+      return total
+    # The sum of the rotated decodes is the rotated sum: one inverse.
+    return tf.reshape(self._unrotate(
+        tf.reshape(total, [-1, self.bucket_size]), rotation_seed), [-1])
 
 
 def _check_flat(name, x):

@@ -8,6 +8,8 @@ References:
   docs/algorithms.md#half-dithered-quantization write the equations out.
 """
 
+from typing import Optional
+
 import tensorflow as tf
 
 from ndq_tf.codecs import base
@@ -45,18 +47,24 @@ class DitheredCodec(bucketed.BucketedCodec):
   Args:
     num_levels: `M >= 1`; `2M + 1` levels, step `1/M` in max-normalized units.
     bucket_size: values per scale, `>= 1`.
+    rotation: `None` (default) or `"hadamard"`: each bucket is multiplied
+      by random signs and Walsh–Hadamard transformed before quantization,
+      and transformed back after decoding (needs a power-of-two
+      `bucket_size >= 4`; docs/algorithms.md#randomized-hadamard-rotation).
 
   Raises:
     ValueError: for an argument out of range.
   """
 
-  decoder_needs_seed = True
+  _decode_uses_seed = True
   needs_encode_seed = True
 
-  def __init__(self, num_levels=1, bucket_size=512):
+  def __init__(self, num_levels: int = 1, bucket_size: int = 512,
+               rotation: Optional[str] = None):
     self._num_levels = base.check_int("num_levels", num_levels, 1,
                                       bucketed.MAX_LEVELS)
     self._bucket_size = base.check_int("bucket_size", bucket_size, 1)
+    self._set_rotation(rotation)
 
   @property
   def num_levels(self):
@@ -72,7 +80,8 @@ class DitheredCodec(bucketed.BucketedCodec):
     return 1.0 / self._num_levels
 
   def get_config(self):
-    return {"num_levels": self._num_levels, "bucket_size": self._bucket_size}
+    return {"num_levels": self._num_levels, "bucket_size": self._bucket_size,
+            "rotation": self._rotation}
 
   @property
   def _offset(self):
@@ -117,16 +126,21 @@ class HalfDitheredCodec(bucketed.BucketedCodec):
     num_levels: `M >= 1`, step `1/M`.
     bucket_size: values per scale.
     dither_order: `m >= 1`, the number of uniforms summed into the dither.
+    rotation: `None` (default) or `"hadamard"`: each bucket is multiplied
+      by random signs and Walsh–Hadamard transformed before quantization,
+      and transformed back after decoding (needs a power-of-two
+      `bucket_size >= 4`; docs/algorithms.md#randomized-hadamard-rotation).
   """
 
-  decoder_needs_seed = False
   needs_encode_seed = True
 
-  def __init__(self, num_levels=1, bucket_size=512, dither_order=2):
+  def __init__(self, num_levels: int = 1, bucket_size: int = 512,
+               dither_order: int = 2, rotation: Optional[str] = None):
     self._num_levels = base.check_int("num_levels", num_levels, 1,
                                       bucketed.MAX_LEVELS)
     self._bucket_size = base.check_int("bucket_size", bucket_size, 1)
     self._dither_order = base.check_int("dither_order", dither_order, 1, 64)
+    self._set_rotation(rotation)
     if self.alphabet_size > bucketed.MAX_LEVELS * 2 + 1:
       raise ValueError(
           f"`num_levels` + `dither_order` // 2 must be at most "
@@ -156,7 +170,7 @@ class HalfDitheredCodec(bucketed.BucketedCodec):
 
   def get_config(self):
     return {"num_levels": self._num_levels, "bucket_size": self._bucket_size,
-            "dither_order": self._dither_order}
+            "dither_order": self._dither_order, "rotation": self._rotation}
 
   @property
   def _offset(self):

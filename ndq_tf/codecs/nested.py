@@ -8,6 +8,8 @@ References:
   equations out (overload, MMSE `α`, the adaptive step).
 """
 
+from typing import Optional, Union
+
 import tensorflow as tf
 
 from ndq_tf import theory
@@ -69,19 +71,25 @@ class NestedDitheredCodec(bucketed.BucketedCodec):
     bucket_size: values per scale.
     overload_target: adaptive mode: the overload probability per element
       the fine step is chosen for, in `(0, 0.5)`.
+    rotation: `None` (default) or `"hadamard"`: each bucket is multiplied
+      by random signs and Walsh–Hadamard transformed before quantization,
+      and transformed back after decoding; the side information is
+      rotated with the same signs (needs a power-of-two
+      `bucket_size >= 4`; docs/algorithms.md#randomized-hadamard-rotation).
 
   Raises:
     ValueError: for an argument out of range.
   """
 
-  decoder_needs_seed = True
+  _decode_uses_seed = True
   needs_encode_seed = True
   needs_side_information = True
 
   accepts_noise_scale = True
 
-  def __init__(self, num_levels=3, coarse_ratio=3, alpha=1.0, bucket_size=512,
-               overload_target=1e-4):
+  def __init__(self, num_levels: int = 3, coarse_ratio: int = 3,
+               alpha: Union[float, str] = 1.0, bucket_size: int = 512,
+               overload_target: float = 1e-4, rotation: Optional[str] = None):
     self._num_levels = base.check_int("num_levels", num_levels, 1,
                                       bucketed.MAX_LEVELS)
     self._coarse_ratio = base.check_int("coarse_ratio", coarse_ratio, 2, 65536)
@@ -99,6 +107,7 @@ class NestedDitheredCodec(bucketed.BucketedCodec):
       raise ValueError(
           f"`overload_target` must be in (0, 0.5). Received: "
           f"overload_target={overload_target!r}.")
+    self._set_rotation(rotation)
 
   @property
   def num_levels(self):
@@ -143,7 +152,8 @@ class NestedDitheredCodec(bucketed.BucketedCodec):
             "coarse_ratio": self._coarse_ratio,
             "alpha": self._alpha,
             "bucket_size": self._bucket_size,
-            "overload_target": self._overload_target}
+            "overload_target": self._overload_target,
+            "rotation": self._rotation}
 
   def _check_noise_scale(self, noise_scale, n):
     if noise_scale is not None and self._coarse_ratio % 2 == 0:

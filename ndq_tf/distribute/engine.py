@@ -67,6 +67,11 @@ __all__ = [
 #: Second word of every exchange's base seed ("NDQT").
 SEED_TAG = 0x4E445154
 
+#: The sender index whose seed a rotated codec's shared signs take under
+#: the integer all-reduce (no real sender has it): the same for every
+#: sender of a step, a new pattern every step.
+ROTATION_SENDER = -1
+
 #: One sender whose gradient this process holds: its index in decode order,
 #: its device, and its tensors (in the order of the compressed values).
 LocalSender = collections.namedtuple("LocalSender",
@@ -515,13 +520,21 @@ class ExchangeEngine(tf.Module):
       seeds = [ndq_ops.fold_seed(self.seed(i, step), 0)
                for i in range(num_senders)]
       all_seeds = tf.stack(seeds)
+      # A rotated codec: the senders share the signs (so the sum of their
+      # rotated codes is the rotated sum), each keeps its dither
+      # (docs/algorithms.md#rotation-and-the-integer-all-reduce).
+      rotation = ({"rotation_seed": ndq_ops.fold_seed(
+          self.seed(ROTATION_SENDER, step), 0)}
+                  if getattr(codec, "rotation", None) else {})
       fused, own = collections.defaultdict(list), []
       for x in senders:
         with tf.device(x.device), tf.name_scope("ndq_encode"):
           for chunk in chunks:
             fused[x.index].append(plan.flatten(x.tensors, chunk))
           own.append((x.index, x.device, _join(
-              [codec.bucket_scales(part) for part in fused[x.index]])))
+              [codec.bucket_scales(part, dither_offset=chunk.start,
+                                   **rotation)
+               for part, chunk in zip(fused[x.index], chunks)])))
       with tf.name_scope("ndq_exchange"):
         shared = {r.local_sender: r
                   for r in transport.all_reduce(own, "Max", step=step,
@@ -539,7 +552,7 @@ class ExchangeEngine(tf.Module):
               symbols = codec.encode_symbols(
                   fused[x.index][k], seeds[x.index],
                   scales.value[first:first + count],
-                  dither_offset=chunk.start)
+                  dither_offset=chunk.start, **rotation)
               lanes.append((x.index, x.device,
                             ndq_ops.pack_lanes(symbols, layout)))
           with tf.name_scope("ndq_exchange"):
@@ -552,7 +565,8 @@ class ExchangeEngine(tf.Module):
               total = codec.decode_symbol_sum(
                   ndq_ops.unpack_lanes(reduction.value, layout),
                   shared[reduction.local_sender].value[first:first + count],
-                  all_seeds, tf.float32, dither_offset=chunk.start)
+                  all_seeds, tf.float32, dither_offset=chunk.start,
+                  **rotation)
             with tf.device(reduction.device), tf.name_scope("ndq_sum"):
               totals[r].append(finish(total))
         payload_bits += len(senders) * layout.wire_bits

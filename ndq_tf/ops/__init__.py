@@ -1,5 +1,6 @@
 """Pure TF ops: the quantizers' equations, a bit-exact RNG, code packing,
-integer lanes for summing codes, and decoding such sums."""
+integer lanes for summing codes, decoding such sums, and the randomized
+Hadamard rotation of buckets."""
 
 from ndq_tf.ops.lane_ops import LaneLayout
 from ndq_tf.ops.lane_ops import lane_layout
@@ -21,6 +22,10 @@ from ndq_tf.ops.random_ops import fold_seed
 from ndq_tf.ops.random_ops import hash_uint32
 from ndq_tf.ops.random_ops import seed_keys
 from ndq_tf.ops.random_ops import uniform_dither
+from ndq_tf.ops.rotation_ops import hadamard_transform
+from ndq_tf.ops.rotation_ops import rotate
+from ndq_tf.ops.rotation_ops import rotation_signs
+from ndq_tf.ops.rotation_ops import unrotate
 from ndq_tf.ops.sum_decode_ops import dither_sum
 from ndq_tf.ops.sum_decode_ops import dithered_sum_dequantize
 from ndq_tf.ops.sum_decode_ops import scaled_sum_dequantize

@@ -27,9 +27,11 @@ References:
 import tensorflow as tf
 
 __all__ = [
+    "counter_shift",
     "hash_uint32",
     "fold_seed",
     "seed_keys",
+    "stream_key",
     "uniform_dither",
 ]
 
@@ -140,6 +142,26 @@ def fold_seed(seed, value):
   return tf.bitcast(new, tf.int32)
 
 
+def counter_shift(offset):
+  """What `hash_uint32`'s key0 gains when its counter starts at `offset`.
+
+  `hash_uint32` starts from `counter·G + key0`, so counting from `offset`
+  is adding `offset·G` to key0 (mod 2**32).
+  """
+  offset = tf.cast(tf.convert_to_tensor(offset), tf.int64)
+  return tf.cast(tf.bitwise.bitwise_and(offset, 0xFFFFFFFF),
+                 tf.uint32) * _u32(_GOLDEN)
+
+
+def stream_key(key1, value):
+  """Mixes the integer `value` into a seed's second key: another stream.
+
+  `uniform_dither`'s stream `s` is `stream_key(key1, s·golden mod 2**32)`;
+  the rotation's signs use a constant of their own.
+  """
+  return _fmix32(key1 + _u32(value & 0xFFFFFFFF))
+
+
 def uniform_dither(seed, num_elements, stream=0, offset=0):
   """Draws `num_elements` uniforms in `[-1/2, 1/2)`, multiples of `2**-24`.
 
@@ -171,14 +193,12 @@ def uniform_dither(seed, num_elements, stream=0, offset=0):
         f"offset={offset}, num_elements={num_elements}.")
   key0, key1 = seed_keys(seed)
   if stream:
-    key1 = _fmix32(key1 + _u32(stream * _GOLDEN & 0xFFFFFFFF))
+    key1 = stream_key(key1, stream * _GOLDEN)
   if not (isinstance(offset, int) and offset == 0):
     # hash_uint32 starts from counter·G + key0, so counting from `offset`
     # is the same as adding offset·G to key0 (mod 2**32): the counter, and
     # its compiled form, stay those of a draw from 0.
-    offset = tf.cast(tf.convert_to_tensor(offset), tf.int64)
-    key0 = key0 + tf.cast(tf.bitwise.bitwise_and(offset, 0xFFFFFFFF),
-                          tf.uint32) * _u32(_GOLDEN)
+    key0 = key0 + counter_shift(offset)
   if num_elements < 2**31:
     counter = tf.bitcast(tf.range(num_elements, dtype=tf.int32), tf.uint32)
   else:

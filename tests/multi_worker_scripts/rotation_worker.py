@@ -1,0 +1,78 @@
+"""One worker of tests/test_rotation_multi_worker.py (started by `ndq_tf.launch`).
+
+Issue #17 on real worker processes: `--steps` compressed all-reduces of a
+fixed per-worker gradient under `ndq_tf.MultiWorkerMirroredStrategy` with
+a rotated DQSG codec and `--transport`, then one line
+`ROTATION {"worker": i, "results": {...}}` with every step's decoded sum
+(the test compares the workers bit for bit and checks the estimate against
+the theory) and the telemetry.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+CODEC = "dqsg:num_levels=2,bucket_size=128,rotation=hadamard"
+SEED = 5
+SIZE = 16 * 128
+
+
+def gradient(worker):
+  """Worker `worker`'s gradient: heavy-tailed, its own scale."""
+  rng = np.random.default_rng(100 + worker)
+  return (rng.standard_t(3, size=SIZE) * (1.0 + worker)).astype(np.float32)
+
+
+def _parse():
+  p = argparse.ArgumentParser(description=__doc__)
+  p.add_argument("--transport", default="all_reduce",
+                 help="all_gather or all_reduce.")
+  p.add_argument("--steps", type=int, default=6, help="All-reduces.")
+  return p.parse_args()
+
+
+def _run(args):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+
+  strategy = ndq_tf.MultiWorkerMirroredStrategy(
+      codec=CODEC, transport=args.transport, seed=SEED,
+      communication_options=tf.distribute.experimental.CommunicationOptions(
+          timeout_seconds=120))
+  worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+  g = tf.constant(gradient(worker))
+
+  @tf.function
+  def step():
+    def fn():
+      ctx = tf.distribute.get_replica_context()
+      with ndq_tf.distribute.compressed():
+        return ctx.all_reduce("sum", g)
+    return strategy.run(fn)
+
+  sums = []
+  for _ in range(args.steps):
+    out = strategy.experimental_local_results(step())[0]
+    sums.append(np.asarray(out).tolist())
+  return {"sums": sums, "stats": strategy.compression_stats(),
+          "step": int(strategy.compression_step.numpy())}
+
+
+def main():
+  args = _parse()
+  worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+  results = _run(args)
+  print("ROTATION " + json.dumps({"worker": worker, "results": results}),
+        flush=True)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  # A normal exit can hang in TF's coordination agent once the chief's
+  # process has gone.
+  os._exit(0)  # pylint: disable=protected-access
+
+
+if __name__ == "__main__":
+  main()
