@@ -24,4 +24,4 @@ from ndq_tf.distribute import MirroredStrategy
 from ndq_tf.distribute import MultiWorkerMirroredStrategy
 from ndq_tf.keras import CompressionStats
 
-__version__ = "0.1.0"
+from ndq_tf.version import __version__
