@@ -13,7 +13,7 @@ PINS ?=
 # ndq_tf.distribute.tf_internals; tests/test_packaging.py keeps them equal),
 # with the tf_keras of that TensorFlow. `make test-oldest` runs the quick
 # tier on them in .venv-oldest; .ci/run runs it, then `make test`.
-OLDEST := tensorflow==2.18.* keras==3.6.* tf-keras==2.18.*
+OLDEST := tensorflow==2.18.* keras==3.10.* tf-keras==2.18.*
 SHARED := ../shared
 # Each pytest-xdist worker is one process; tests/conftest.py splits its CPU
 # into logical devices. A pytest run that collects nothing exits 5 (a failure).

@@ -14,10 +14,11 @@ order or the sum changes these hashes. If a change is *meant* to alter the
 bits (a new dither draw, say), record the new hashes in the same commit and
 say why in its message.
 
-The hashes hold for this machine's TensorFlow builds (x86-64 CPU kernels);
-another CPU architecture may legitimately round differently inside the
-model's own kernels. They are keyed by TensorFlow version where a
-supported version rounds differently (`_golden`).
+The hashes hold for this machine's TensorFlow builds (x86-64 CPU kernels)
+and are the same on every supported TensorFlow (2.18-2.21) and Keras
+(3.10-3.15); another CPU architecture may legitimately round differently
+inside the model's own kernels, and Keras 3.6 (below the supported range)
+trains to other weights.
 
 Below the model, every codec's payload on a fixed signal: its code words,
 its float32 scales and its decoded values, and the dither. The codes,

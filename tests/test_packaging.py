@@ -73,11 +73,11 @@ def test_installed_versions_are_supported():
 
 
 @pytest.mark.parametrize("tensorflow_version, keras_version, named", [
-    ("2.17.1", "3.6.0", ["tensorflow >=2.18,<2.22", "tensorflow 2.17.1"]),
+    ("2.17.1", "3.10.0", ["tensorflow >=2.18,<2.22", "tensorflow 2.17.1"]),
     ("2.22.0rc0", "3.15.1", ["tensorflow >=2.18,<2.22",
                              "tensorflow 2.22.0rc0"]),
-    ("2.21.0", "3.5.0", ["keras >=3.6,<3.16", "keras 3.5.0"]),
-    ("2.21.0", "2.15.0", ["keras >=3.6,<3.16", "keras 2.15.0"]),
+    ("2.21.0", "3.9.2", ["keras >=3.10,<3.16", "keras 3.9.2"]),
+    ("2.21.0", "2.15.0", ["keras >=3.10,<3.16", "keras 2.15.0"]),
     ("2.16.2", "3.16.0", ["tensorflow 2.16.2", "keras 3.16.0"]),
 ])
 def test_unsupported_versions_name_installed_and_supported(
@@ -91,7 +91,7 @@ def test_unsupported_versions_name_installed_and_supported(
 
 
 @pytest.mark.parametrize("tensorflow_version, keras_version", [
-    ("2.18.0", "3.6.0"), ("2.19.1", "3.10.0"), ("2.21.0", "3.15.1"),
+    ("2.18.0", "3.10.0"), ("2.19.1", "3.12.4"), ("2.21.0", "3.15.1"),
     ("2.20.0.dev20250101", "3.11.3")])
 def test_supported_versions_pass(tensorflow_version, keras_version):
   tf_internals.check_versions(tensorflow_version, keras_version)

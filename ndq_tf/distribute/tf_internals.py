@@ -70,8 +70,8 @@ __all__ = [
 #: Supported TensorFlow: `(major, minor)` from the oldest (included) to the
 #: first unsupported one (excluded), as `tensorflow>=2.18,<2.22`.
 TENSORFLOW_VERSIONS = ((2, 18), (2, 22))
-#: Supported Keras 3, likewise (`keras>=3.6,<3.16`).
-KERAS_VERSIONS = ((3, 6), (3, 16))
+#: Supported Keras 3, likewise (`keras>=3.10,<3.16`).
+KERAS_VERSIONS = ((3, 10), (3, 16))
 #: The oldest TensorFlow whose internals this module knows.
 MINIMUM_TENSORFLOW = TENSORFLOW_VERSIONS[0]
 
@@ -132,9 +132,9 @@ def keras_saveable_obj_type():
 
   Keras walks a saveable's attributes, skipping those a reference object of
   this type has. Keras >= 3.11 knows "Operation" (the smallest reference);
-  older Keras 3 (3.6-3.10, with TF 2.18-2.20) accepts only its layer,
-  metric, optimizer and loss types and raises for any other, so there
-  "Loss" (few attributes, constructible without arguments) stands in.
+  Keras 3.10 accepts only its layer, metric, optimizer and loss types and
+  raises for any other, so there "Loss" (few attributes, constructible
+  without arguments) stands in.
   """
   try:
     from keras.src.saving import saving_lib  # pylint: disable=g-import-not-at-top
