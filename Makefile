@@ -14,6 +14,10 @@ PINS ?=
 # with the tf_keras of that TensorFlow. `make test-oldest` runs the quick
 # tier on them in .venv-oldest; .ci/run runs it, then `make test`.
 OLDEST := tensorflow==2.18.* keras==3.10.* tf-keras==2.18.*
+# A TensorFlow already in the venv stays: pinned, so that the test extra's
+# tf-keras is the one of its minor version (pip would otherwise upgrade
+# TensorFlow to the newest tf-keras').
+KEEP_TF := $(VPY) -c 'import importlib.metadata as m; print("tensorflow==" + m.version("tensorflow"))' 2>/dev/null || true
 SHARED := ../shared
 # Each pytest-xdist worker is one process; tests/conftest.py splits its CPU
 # into logical devices. A pytest run that collects nothing exits 5 (a failure).
@@ -39,7 +43,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet -e '.[$(EXTRAS)]' $(PINS)
+	$(VPY) -m pip install --quiet -e '.[$(EXTRAS)]' $(PINS) $$($(KEEP_TF))
 	touch $@
 
 # The whole suite.
