@@ -2,10 +2,22 @@
 # ../shared is the team's shared folder, a sibling of this repository (also in CI).
 
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 VPY := $(VENV)/bin/python
-# Inside .venv, so deleting .venv also forces a reinstall.
+# Inside the venv, so deleting it also forces a reinstall.
 STAMP := $(VENV)/.ndq_tf-installed
+# The extras installed into the venv, and requirements pinned with them.
+EXTRAS ?= test,bench
+PINS ?=
+# The oldest supported TensorFlow and Keras (pyproject.toml's lower bounds,
+# ndq_tf.distribute.tf_internals; tests/test_packaging.py keeps them equal),
+# with the tf_keras of that TensorFlow. `make test-oldest` runs the quick
+# tier on them in .venv-oldest; .ci/run runs it, then `make test`.
+OLDEST := tensorflow==2.18.* keras==3.10.* tf-keras==2.18.*
+# A TensorFlow already in the venv stays: pinned, so that the test extra's
+# tf-keras is the one of its minor version (pip would otherwise upgrade
+# TensorFlow to the newest tf-keras').
+KEEP_TF := $(VPY) -c 'import importlib.metadata as m; print("tensorflow==" + m.version("tensorflow"))' 2>/dev/null || true
 SHARED := ../shared
 # Each pytest-xdist worker is one process; tests/conftest.py splits its CPU
 # into logical devices. A pytest run that collects nothing exits 5 (a failure).
@@ -24,18 +36,26 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # CI runs as root.
 export PIP_ROOT_USER_ACTION := ignore
 
-.PHONY: venv test demo bench bazel-test lint-build clean
+.PHONY: venv test test-quick test-oldest demo bench bazel-test lint-build clean
 
 venv: $(STAMP)
 
-$(STAMP): setup.py
+$(STAMP): pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet -e '.[test,bench]'
+	$(VPY) -m pip install --quiet -e '.[$(EXTRAS)]' $(PINS) $$($(KEEP_TF))
 	touch $@
 
+# The whole suite.
 test: venv
 	$(VPY) -m pytest tests $(PYTEST_ARGS)
+
+# All but the tests tagged "heavy" in tests/BUILD (pytest marker `heavy`).
+test-quick: venv
+	$(VPY) -m pytest tests $(PYTEST_ARGS) -m "not heavy"
+
+test-oldest:
+	$(MAKE) test-quick VENV=.venv-oldest EXTRAS=test PINS="$(OLDEST)"
 
 demo: venv
 	$(VPY) examples/fit_mirrored.py
@@ -54,4 +74,5 @@ lint-build:
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache bazel-*
-	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+	find . \( -path ./.venv -o -path ./.venv-oldest \) -prune -o \
+	  -name __pycache__ -type d -exec rm -rf {} +

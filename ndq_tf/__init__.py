@@ -11,7 +11,7 @@ References:
 
 from ndq_tf import _lazy
 
-__version__ = "0.1.0"
+from ndq_tf.version import __version__
 
 _NAMES = {
     "Codec": "ndq_tf.codecs",

@@ -23,27 +23,31 @@ SEED = 11
 #: Tensors that do not fill their last bucket, so chunks cross tensors and
 #: padding.
 SHAPES = [(3000,), (37, 41), (700,), (5, 300)]
+#: Fewer, smaller tensors for chunks of one bucket each (`chunk_elements=1`,
+#: ops built per chunk): 4 chunks of 512-element buckets, 12 of 128, one per
+#: tensor without buckets; every tensor's last bucket padded.
+ONE_BUCKET_SHAPES = [(700,), (5, 61), (300,)]
 
 
 def _devices():
   return [d.name for d in tf.config.list_logical_devices("CPU")[:NUM_REPLICAS]]
 
 
-def _gradients(step):
+def _gradients(step, shapes=SHAPES):
   rng = np.random.default_rng(step)
   spread = np.exp(rng.uniform(-1.0, 1.0, size=NUM_REPLICAS))
   return [[(rng.standard_normal(s) * spread[r]).astype(np.float32)
-           for s in SHAPES] for r in range(NUM_REPLICAS)]
+           for s in shapes] for r in range(NUM_REPLICAS)]
 
 
-def _run(steps=2, reduce_op="sum", **kwargs):
+def _run(steps=2, reduce_op="sum", shapes=SHAPES, **kwargs):
   """`steps` compressed batch_reduces; per step and replica, one flat array."""
   strategy = ndq_tf.MirroredStrategy(devices=_devices(), seed=SEED, **kwargs)
   out = []
   for step in range(steps):
-    grads = _gradients(step)
+    grads = _gradients(step, shapes)
     pairs = []
-    for i in range(len(SHAPES)):
+    for i in range(len(shapes)):
       value = strategy.experimental_distribute_values_from_function(
           lambda ctx, i=i: tf.constant(grads[ctx.replica_id_in_sync_group][i]))
       pairs.append((value, value))
@@ -74,12 +78,15 @@ _SUM = ["dqsg:num_levels=1", "dqsg:num_levels=3,bucket_size=128",
 @pytest.mark.parametrize("transport, spec",
                          [("all_gather", s) for s in _GATHER]
                          + [("all_reduce", s) for s in _SUM])
-@pytest.mark.parametrize("chunk_elements", [1, 1000])
+@pytest.mark.parametrize("chunk_elements, shapes",
+                         [(1, ONE_BUCKET_SHAPES), (1000, SHAPES)],
+                         ids=["one_bucket_chunks", "chunks_of_1000"])
 def test_chunks_give_the_bits_of_one_exchange(transport, spec,
-                                              chunk_elements):
-  whole, _ = _run(codec=spec, transport=transport, chunk_elements=None)
+                                              chunk_elements, shapes):
+  whole, _ = _run(codec=spec, transport=transport, chunk_elements=None,
+                  shapes=shapes)
   chunked, strategy = _run(codec=spec, transport=transport,
-                           chunk_elements=chunk_elements)
+                           chunk_elements=chunk_elements, shapes=shapes)
   _assert_same_bits(chunked, whole)
   assert strategy.compression_stats()["step"] == 2
 

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 import ndq_tf
 from ndq_tf import codecs
+from ndq_tf.codecs import bucketed
 
 # name -> codec. Bucket sizes are small so that a 1001-element tensor spans
 # many buckets, and neither 1001 nor the bucket sizes are multiples of the
@@ -422,15 +423,24 @@ class ValidationTest(tf.test.TestCase, parameterized.TestCase):
                     msg=f"{message!r} does not show the value {value!r}")
 
   def test_half_dithered_constructor_accepts_only_packable_alphabets(self):
-    # 2(M + ⌊m/2⌋) + 1 symbols must fit the packer (at most 65536): a codec
-    # that the constructor accepts must be able to encode, and otherwise
-    # the constructor must say which argument is wrong.
-    try:
-      codec = ndq_tf.HalfDitheredCodec(num_levels=32767, dither_order=64)
-    except ValueError as e:
-      self.assertRegex(str(e), "`num_levels`|`dither_order`")
-      return
-    self.assertGreater(codec.wire_bits(10), 0)
+    # 2(M + ⌊m/2⌋) + 1 symbols must fit the packer (at most 65536): the
+    # largest alphabet that fits is accepted and round-trips within its
+    # error bound; one level more is refused, naming both arguments.
+    order = 64
+    largest = ndq_tf.HalfDitheredCodec(
+        num_levels=bucketed.MAX_LEVELS - order // 2, dither_order=order)
+    self.assertEqual(largest.alphabet_size, 2 * bucketed.MAX_LEVELS + 1)
+    x = _signal(N)
+    _, decoded = _round_trip(largest, x)
+    # |error| <= (M + ⌊m/2⌋)·Δ with Δ = κ/M, far below that here.
+    scale = float(tf.reduce_max(tf.abs(x)))
+    self.assertLess(float(tf.reduce_max(tf.abs(decoded - x))),
+                    scale * (order / 2 + 1) / largest.num_levels)
+    with self.assertRaisesRegex(
+        ValueError, r"`num_levels` \+ `dither_order` // 2 must be at most "
+        r"32767.*num_levels=32736, dither_order=64"):
+      ndq_tf.HalfDitheredCodec(
+          num_levels=bucketed.MAX_LEVELS - order // 2 + 1, dither_order=order)
 
   @parameterized.parameters(*_codec_params(SEEDED))
   def test_missing_seed_raises_value_error(self, name):

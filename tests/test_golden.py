@@ -14,9 +14,21 @@ order or the sum changes these hashes. If a change is *meant* to alter the
 bits (a new dither draw, say), record the new hashes in the same commit and
 say why in its message.
 
-The hashes hold for this machine's TensorFlow build (2.21, x86-64 CPU
-kernels); another CPU architecture or TF version may legitimately round
-differently inside the model's own kernels.
+The hashes hold for this machine's TensorFlow builds (x86-64 CPU kernels)
+and are the same on every supported TensorFlow (2.18-2.21) and Keras
+(3.10-3.15); another CPU architecture may legitimately round differently
+inside the model's own kernels, and Keras 3.6 (below the supported range)
+trains to other weights.
+
+Below the model, every codec's payload on a fixed signal: its code words,
+its float32 scales and its decoded values, and the dither. The codes,
+the dither and the packing are integer ops, bit for bit on every supported
+TensorFlow; so are max-norm scales (an exact reduction) and the decode's
+elementwise float32 ops. QSGD's L2 norm is a float32 sum whose rounding
+TF's reduction kernel chooses: TF 2.18 rounds 4 of the 10 bucket norms here,
+TF 2.20 2 of them, 1 ulp apart from TF 2.19 and 2.21, so QSGD's scales and
+decoded values are keyed by TF version, not its codes (docs/distribute.md, "Bits across TensorFlow
+versions").
 """
 
 import hashlib
@@ -27,6 +39,8 @@ import pytest
 import tensorflow as tf
 
 import ndq_tf
+from ndq_tf import ops
+from ndq_tf.distribute import tf_internals
 
 NUM_REPLICAS = 4
 
@@ -98,3 +112,84 @@ def _trained_weights_digest(name):
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_trained_weights_match_the_recorded_hash(name):
   assert _trained_weights_digest(name) == GOLDEN[name]
+
+
+# -- Codec payloads across TensorFlow versions -------------------------------
+
+#: Per codec: the first 16 hex digits of the SHA-256 of the packed words, of
+#: the scales and of the decoded values, on `_codec_signal()` with
+#: `CODEC_SEED`. A value that is a dict is keyed by TensorFlow `(major,
+#: minor)`, "default" for every version not listed (TF 2.19 and 2.21).
+CODEC_GOLDEN = {
+    "dither": "d4ab803d21da7f63",
+    "dqsg1": ("e10cc8480c178f26", "94e3c39c336c135e", "8e5d6f1f81e17099"),
+    "dqsg3_d128": ("6b086c99f7028e63", "d8e6dbdaeab042a7",
+                   "529f153fa8ff05de"),
+    "half_dithered2_m3": ("d8efdc6e00b712c3", "94e3c39c336c135e",
+                          "96fffb9dd54831f4"),
+    "ndqsg3_k3": ("a50235665dadf6ec", "94e3c39c336c135e",
+                  "43301a3e97675b86"),
+    "qsgd2": ("0d3256c12ade344c",
+              {(2, 18): "8893457d1c4f66c3", (2, 20): "17298e4e16c64474",
+               "default": "93fd008bf5836973"},
+              {(2, 18): "008d8803ee5f2d6c", (2, 20): "3fe024ed476516cf",
+               "default": "66a56f84d5b8b8ed"}),
+    "terngrad": ("e27635d6d313ad16", "94e3c39c336c135e",
+                 "235be3307b05634f"),
+}
+CODEC_SEED = (5, 7)
+
+
+def _golden(value):
+  """A recorded digest, picked by this TensorFlow's version if keyed by it."""
+  if not isinstance(value, dict):
+    return value
+  return value.get(tf_internals.parse_version(tf.__version__),
+                   value["default"])
+
+
+def _codecs():
+  return {
+      "dqsg1": ndq_tf.DitheredCodec(num_levels=1),
+      "dqsg3_d128": ndq_tf.DitheredCodec(num_levels=3, bucket_size=128),
+      "half_dithered2_m3": ndq_tf.HalfDitheredCodec(num_levels=2,
+                                                     dither_order=3),
+      "ndqsg3_k3": ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3),
+      "qsgd2": ndq_tf.QSGDCodec(num_levels=2),
+      "terngrad": ndq_tf.TernGradCodec(),
+  }
+
+
+def _codec_signal():
+  """5000 values over six decades of magnitude, and side information."""
+  rng = np.random.default_rng(2019)
+  x = (rng.standard_normal(5000) *
+       np.exp(rng.uniform(-3, 3, 5000))).astype(np.float32)
+  y = x + 0.001 * rng.standard_normal(5000).astype(np.float32)
+  return tf.constant(x), tf.constant(y)
+
+
+def _short_digest(array):
+  return hashlib.sha256(
+      np.ascontiguousarray(np.asarray(array)).tobytes()).hexdigest()[:16]
+
+
+def test_dither_matches_the_recorded_hash_on_every_version():
+  seed = tf.constant(CODEC_SEED, tf.int32)
+  assert _short_digest(ops.uniform_dither(seed, 5000).numpy()) == (
+      CODEC_GOLDEN["dither"])
+
+
+@pytest.mark.parametrize("name", sorted(_codecs()))
+def test_codec_payload_matches_the_recorded_hash(name):
+  codec = _codecs()[name]
+  x, y = _codec_signal()
+  seed = tf.constant(CODEC_SEED, tf.int32)
+  payload = codec.encode(x, seed)
+  side = {"side_information": y} if codec.needs_side_information else {}
+  decoded = codec.decode(payload, seed, **side)
+  words, scales, values = CODEC_GOLDEN[name]
+  assert isinstance(words, str)  # Codes: bit for bit on every version.
+  assert _short_digest(payload.words.numpy()) == words
+  assert _short_digest(payload.scales.numpy()) == _golden(scales)
+  assert _short_digest(decoded.numpy()) == _golden(values)

@@ -71,8 +71,9 @@ class StrategyState(tf_internals.Trackable, tf_internals.KerasSaveable):
 
   def _obj_type(self):
     # Keras walks the attributes of saveables, skipping those of a reference
-    # object of this type; any type it knows is fine here.
-    return "Operation"
+    # object of this type; any type it knows is fine here, and which types
+    # it knows depends on the Keras version.
+    return tf_internals.keras_saveable_obj_type()
 
   def save_own_variables(self, store):
     engine = self.compression_engine

@@ -17,20 +17,26 @@ Two tiers:
   users, and `multi_worker()` raises the stored error when the multi-worker
   strategy is built.
 
-Tested with the versions in `TESTED_TENSORFLOW` and `TESTED_KERAS`
-(`setup.py` bounds the install to them).
+Supported: the versions in `TENSORFLOW_VERSIONS` and `KERAS_VERSIONS`
+(pyproject.toml bounds the install to them); outside them `import ndq_tf`
+raises an `ImportError` naming the installed and the supported versions.
+The differences between supported versions are handled in the "Versions"
+section below.
 """
 
+import functools
 import types
 
 import keras
 import tensorflow as tf
 
 __all__ = [
+    "KERAS_VERSIONS",
     "MINIMUM_TENSORFLOW",
     "MULTI_WORKER_BASES",
     "TESTED_KERAS",
     "TESTED_TENSORFLOW",
+    "TENSORFLOW_VERSIONS",
     "KerasSaveable",
     "MirroredExtended",
     "Strategy",
@@ -39,50 +45,117 @@ __all__ = [
     "Trackable",
     "DistributedValues",
     "all_gather",
+    "check_versions",
     "cross_device_ops_of",
     "get_devices_from",
     "in_xla_context",
     "is_jit_compiled",
     "keras_optimizer_in_scope",
     "loop_safe_collectives",
+    "keras_saveable_obj_type",
     "multi_worker",
     "multi_worker_available",
+    "parse_version",
     "plain_variable",
     "regroup_mirrored",
+    "version_range_text",
 ]
 
-#: Oldest TensorFlow whose internals this module knows.
-MINIMUM_TENSORFLOW = (2, 16)
-#: The versions the test suite ran on (`major.minor`).
-TESTED_TENSORFLOW = "2.21"
-TESTED_KERAS = "3.15"
+# -- Versions (supported range, per-version differences) ----------------------
+# The TensorFlow and Keras versions ndq_tf supports are the bounds of
+# pyproject.toml's dependencies and what CI tests (.ci/run: the quick tier on
+# the oldest pair, the whole suite on the newest); tests/test_versions.py
+# keeps the three equal. What differs between supported versions is handled
+# by the functions of this section, each saying which versions need what.
+
+#: Supported TensorFlow: `(major, minor)` from the oldest (included) to the
+#: first unsupported one (excluded), as `tensorflow>=2.18,<2.22`.
+TENSORFLOW_VERSIONS = ((2, 18), (2, 22))
+#: Supported Keras 3, likewise (`keras>=3.10,<3.16`).
+KERAS_VERSIONS = ((3, 10), (3, 16))
+#: The oldest TensorFlow whose internals this module knows.
+MINIMUM_TENSORFLOW = TENSORFLOW_VERSIONS[0]
 
 
-def _version(text):
+def parse_version(text):
+  """`(major, minor)` of a version string ("2.19.1", "2.20.0rc0", "3.6.0")."""
   parts = []
-  for part in text.split(".")[:2]:
-    digits = "".join(c for c in part if c.isdigit())
+  for part in str(text).split(".")[:2]:
+    digits = ""
+    for c in part:
+      if not c.isdigit():
+        break
+      digits += c
     parts.append(int(digits or 0))
-  return tuple(parts)
+  return tuple(parts + [0] * (2 - len(parts)))
 
 
-if _version(tf.__version__) < MINIMUM_TENSORFLOW:
-  raise ImportError(
-      f"ndq_tf needs TensorFlow >= {'.'.join(map(str, MINIMUM_TENSORFLOW))} "
-      f"(tested with {TESTED_TENSORFLOW}). Received: TensorFlow "
-      f"{tf.__version__}.")
-if _version(keras.__version__) < (3, 0):
-  raise ImportError(
-      f"ndq_tf needs Keras 3 (tested with {TESTED_KERAS}). Received: Keras "
-      f"{keras.__version__}.")
+def version_range_text(bounds):
+  """The pip specifier of a `(oldest, first unsupported)` pair: ">=2.18,<2.22"."""
+  low, high = bounds
+  return f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+
+
+#: The supported versions as pip specifiers, for messages.
+TESTED_TENSORFLOW = version_range_text(TENSORFLOW_VERSIONS)
+TESTED_KERAS = version_range_text(KERAS_VERSIONS)
+
+
+def check_versions(tensorflow_version, keras_version):
+  """Raises an `ImportError` unless both versions are in the supported range.
+
+  The message names the installed and the supported versions of the
+  package that is out of range (both, if both are), and how to install a
+  supported pair.
+  """
+  problems = []
+  for package, installed, bounds in (
+      ("tensorflow", tensorflow_version, TENSORFLOW_VERSIONS),
+      ("keras", keras_version, KERAS_VERSIONS)):
+    if not bounds[0] <= parse_version(installed) < bounds[1]:
+      problems.append(f"{package} {version_range_text(bounds)} (installed: "
+                      f"{package} {installed})")
+  if problems:
+    raise ImportError(
+        f"ndq_tf supports {' and '.join(problems)}. Install supported "
+        f"versions, e.g. pip install 'tensorflow{TESTED_TENSORFLOW}' "
+        f"'keras{TESTED_KERAS}'. Received: "
+        f"tensorflow_version={tensorflow_version!r}, "
+        f"keras_version={keras_version!r}.")
+
+
+check_versions(tf.__version__, keras.__version__)
+
+
+@functools.lru_cache(maxsize=None)
+def keras_saveable_obj_type():
+  """The `_obj_type` a `KerasSaveable` of ndq_tf reports to Keras' saving.
+
+  Keras walks a saveable's attributes, skipping those a reference object of
+  this type has. Keras >= 3.11 knows "Operation" (the smallest reference);
+  Keras 3.10 accepts only its layer, metric, optimizer and loss types and
+  raises for any other, so there "Loss" (few attributes, constructible
+  without arguments) stands in.
+  """
+  try:
+    from keras.src.saving import saving_lib  # pylint: disable=g-import-not-at-top
+    saving_lib.get_attr_skipset("Operation")
+  except ValueError:
+    return "Loss"
+  except (ImportError, AttributeError):  # pragma: no cover
+    pass
+  return "Operation"
+
+
+# -- Internals ------------------------------------------------------------------
 
 
 def _missing(name, error):
   return ImportError(
       f"ndq_tf could not import the TensorFlow internal {name} with "
-      f"TensorFlow {tf.__version__} (ndq_tf is tested with "
-      f"{TESTED_TENSORFLOW}): {error}. Install a tested version "
-      f"(pip install 'tensorflow=={TESTED_TENSORFLOW}.*').")
+      f"TensorFlow {tf.__version__} and Keras {keras.__version__} (ndq_tf "
+      f"supports tensorflow{TESTED_TENSORFLOW} and keras{TESTED_KERAS}): "
+      f"{error}.")
 
 
 try:

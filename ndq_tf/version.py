@@ -1,0 +1,3 @@
+"""The version of ndq_tf: the one source (pyproject.toml reads it)."""
+
+__version__ = "0.1.0"
