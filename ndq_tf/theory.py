@@ -335,57 +335,34 @@ _SUMMABLE = {
 
 
 def rotated_scales(wire_scales, bucket_size):
-  """The orthonormal rotated buckets' max-norms `κ_b` from a rotated wire.
+  """`κ_b`, the max of each orthonormally rotated bucket, from a rotated wire.
 
-  A rotated codec quantizes `c·R·g_b` (`R = H·D/√d` orthogonal, `c =
-  ndq_tf.ops.rotation_ops.domain_gain(d)`: 1 for even `log2 d`, `1/√2` for
-  odd), so its wire scale is `c·κ_b` with `κ_b = max_j |(R·g_b)_j|` (or
-  `‖g_b‖₂`·c for QSGD): divide by `c`.
-
-  Args:
-    wire_scales: iterable of a rotated codec's wire scales.
-    bucket_size: the codec's `bucket_size`, a power of two.
-
-  Returns:
-    A list of floats.
+  A rotated codec quantizes `c·R·g_b` (`R = H·D/√d`, `c =
+  rotation_ops.domain_gain(d)`, 1 or `1/√2`), so its wire scale is `c·κ_b`
+  (docs/algorithms.md#randomized-hadamard-rotation). Returns floats.
   """
   gain = rotation_ops.domain_gain(bucket_size)
   return [float(s) / gain for s in wire_scales]
 
 
 def rotated_dithered_total_mse(wire_scales, bucket_size, num_levels):
-  """`E‖g̃ - g‖²` of rotated DQSG: `Σ_b κ_b²·d·Δ²/12`, `κ_b` rotated.
+  """`E‖g̃ - g‖² = Σ_b κ_b²·d·Δ²/12` of rotated DQSG, `κ_b` rotated.
 
-  The error of the rotated coefficients is DQSG's (uniform, independent of
-  the signal, variance `κ_b²Δ²/12` per coefficient with `κ_b` the max of
-  the *rotated* bucket); the inverse rotation is orthogonal, so it keeps
-  the error's energy and spreads it evenly: `κ_b²Δ²/12` per element of the
-  bucket, real or padding.
-
-  Args:
-    wire_scales: the wire scales of a `rotation="hadamard"` DQSG payload.
-    bucket_size: `d`.
-    num_levels: `M`.
+  The rotated coefficients' errors are DQSG's; the inverse rotation is
+  orthogonal, so it keeps their energy (spread evenly over the bucket).
+  `wire_scales`: the payload's scales; `d = bucket_size`; `M = num_levels`.
   """
   return dithered_total_mse(rotated_scales(wire_scales, bucket_size),
                             bucket_size, num_levels)
 
 
 def rotated_dithered_vnmse_bound(bucket_size, num_levels):
-  """`(ln(2d) + 1)/(6M²)`: rotated DQSG's vNMSE bound, whatever the gradient.
+  """`(ln(2d) + 1)/(6M²)`: rotated DQSG's vNMSE bound for every gradient.
 
-  With random signs `D`, each rotated coefficient `(R·g_b)_j =
-  Σ_i ±g_i/√d` is sub-Gaussian with variance proxy `σ² = ‖g_b‖²/d`
-  (Hoeffding), so `E max_j y_j² <= 2σ²(ln(2d) + 1)` (a union bound over the
-  `d` coefficients and both tails), and `E‖g̃ - g‖² = Σ_b d·E κ_b²·Δ²/12 <=
-  (ln(2d) + 1)·Δ²/6·‖g‖²`. Unrotated DQSG's worst case is `d·Δ²/12`
-  (one spike per bucket): 42.7 for `d = 512`, `M = 1`, against 1.32
-  rotated (Suresh et al. 2017 show the same `log d` for the rotated
-  stochastic quantizer).
-
-  Args:
-    bucket_size: `d`.
-    num_levels: `M`.
+  Each `(R·g_b)_j = Σ_i ±g_i/√d` is sub-Gaussian with proxy `‖g_b‖²/d`
+  (Hoeffding over the signs), so `E max_j y_j² <= 2(ln(2d) + 1)·‖g_b‖²/d`.
+  Unrotated, the worst case is `d·Δ²/12` (42.7 against 1.32 for `d = 512`,
+  `M = 1`); Suresh et al. 2017 have the same `log d`.
   """
   return (math.log(2.0 * bucket_size) + 1.0) / (6.0 * num_levels**2)
 
@@ -393,10 +370,8 @@ def rotated_dithered_vnmse_bound(bucket_size, num_levels):
 def rate_distortion_vnmse(bits_per_element):
   """`1/(4^R - 1)`: the least vNMSE of an unbiased code at `R` bits/element.
 
-  The Gaussian rate-distortion function gives `D = σ²·4^-R` for the MSE
-  of a biased estimate; an unbiased one `ĝ = g + e` with that distortion
-  after the optimal shrinkage `ĝ·(1 - D/σ²)` has `E‖e‖²/‖g‖² =
-  D/(σ² - D) = 1/(4^R - 1)` (the bound EDEN's paper plots).
+  Gaussian rate–distortion `D = σ²·4^-R`; an unbiased `g + e` shrunk
+  optimally has MSE `σ²V/(σ² + V) >= D`, so `V/σ² >= 1/(4^R - 1)`.
   """
   return 1.0 / (4.0 ** bits_per_element - 1.0)
 
