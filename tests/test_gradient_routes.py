@@ -101,6 +101,26 @@ def test_low_level_batch_reduce_to_loop_compresses(keras3):
   _check_compressed(result, reference, transport)
 
 
+def test_low_level_reduce_to_per_gradient_compresses(keras3):
+  # One `reduce_to` per gradient is one compressed exchange per variable of
+  # at least `min_elements` (3 of the 4) and step; the telemetry's last
+  # call is the last of them (w2). Before, TF sent each to a
+  # ReductionToOneDevice of its own, losslessly and in silence.
+  transport, _ = keras3
+  result = routes.run_route(_strategy(transport), "reduce_to")
+  stats = result["stats"]
+  assert result["exchanges"] == 3 * routes.STEPS, result
+  assert stats["transport"] == transport
+  assert stats["compressed_elements"] == routes.HIDDEN * routes.CLASSES
+  assert stats["wire_bits_per_element"] < 8.0  # float32 sends 32.
+  assert result["replicas_identical"]
+  assert result["unrecognised_steps"] == 0
+  # b2 alone (10 elements) is a gradient aggregation with nothing to
+  # compress, counted once per step.
+  assert result["uncompressed_reductions"] == routes.STEPS
+  assert not result["warnings"], result["warnings"]
+
+
 def test_legacy_tf_keras_fit_compresses_in_a_fresh_process(keras3):
   """`tf.keras` with TF_USE_LEGACY_KERAS=1 (read when TF is imported)."""
   pytest.importorskip("tf_keras")

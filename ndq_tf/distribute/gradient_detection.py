@@ -53,8 +53,10 @@ is consumed by the next reduction of the main thread, so a `merge_call`
 written by hand right after a variable write made inside an optimizer's
 name scope would be compressed; no path of Keras or TF does that. The
 labels are fixed when a `tf.function` is traced, as for the scopes.
-`extended.reduce_to` (one value) is not recognised: on CPUs TF sends it to
-a `ReductionToOneDevice` of its own, past the cross-device ops.
+`extended.reduce_to(SUM, grad, destinations=var)` of one gradient to its
+trainable variable is sent as a `batch_reduce_to` of that one pair (TF
+would send it to a `ReductionToOneDevice` of its own on CPUs, past the
+cross-device ops), and so is recognised by its destination.
 
 When this Keras hides its name-scope stack
 (`tf_internals.keras_optimizer_in_scope` returns None), Keras 3's
@@ -315,6 +317,18 @@ class LabellingExtendedMixin:
       return super()._call_for_each_replica(fn, args, kwargs)
     finally:
       self.reduction_labels.end_run()
+
+  def _reduce_to(self, reduce_op, value, destinations, options):
+    # A gradient reduced to its own trainable variable alone is gradient
+    # aggregation as much as a `batch_reduce_to` of the pair: send it that
+    # way, so that it is recognised and compressed (TF would otherwise send
+    # it to a `ReductionToOneDevice` of its own when the variable has a CPU
+    # copy, past the cross-device ops, losslessly and in silence).
+    if (isinstance(value, tf_internals.PerReplica) and
+        destinations_are_trainable_variables([(value, destinations)])):
+      return self._batch_reduce_to(reduce_op, [(value, destinations)],
+                                   options)[0]
+    return super()._reduce_to(reduce_op, value, destinations, options)
 
   def _update(self, var, fn, args, kwargs, group):
     engine = getattr(self.__dict__.get("_cross_device_ops"), "engine", None)

@@ -16,6 +16,8 @@ Routes, each on the same 64-256-10 MLP from the same seed, `STEPS` steps:
 * `low_level`: TF's documented loop: `tape.gradient`, then in `merge_call`
   `strategy.extended.batch_reduce_to(SUM, grads_and_vars)` and
   `strategy.extended.update`;
+* `reduce_to`: the same loop with one `strategy.extended.reduce_to(SUM,
+  grad, destinations=var)` per gradient;
 * `all_reduce`: `ReplicaContext.all_reduce` of the gradients, then an
   update: not recognised (it travels losslessly, warned and counted);
 * `all_reduce_compressed`, `all_reduce_uncompressed`: the same inside
@@ -49,7 +51,8 @@ GLOBAL_BATCH = 64
 STEPS = 3
 LEARNING_RATE = 1e-2
 MARKER = "GRADIENT_ROUTES"
-ROUTES = ("keras3", "tf_keras", "legacy", "low_level", "all_reduce",
+ROUTES = ("keras3", "tf_keras", "legacy", "low_level", "reduce_to",
+          "all_reduce",
           "all_reduce_compressed", "all_reduce_uncompressed", "tf_keras_skip")
 #: Routes nothing recognises: warned about and counted.
 UNRECOGNISED = ("all_reduce", "tf_keras_skip")
@@ -154,6 +157,10 @@ def _custom_loop(strategy, route):
     if route == "low_level":
       grads = s.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM,
                                          grads_and_vars)
+    elif route == "reduce_to":
+      grads = [s.extended.reduce_to(tf.distribute.ReduceOp.SUM, g,
+                                    destinations=v)
+               for g, v in grads_and_vars]
     else:
       grads = [g for g, _ in grads_and_vars]
     for g, (_, v) in zip(grads, grads_and_vars):
@@ -166,7 +173,7 @@ def _custom_loop(strategy, route):
         loss = _loss(variables, x, y)
       grads = tape.gradient(loss, variables)
       ctx = tf.distribute.get_replica_context()
-      if route != "low_level":
+      if route not in ("low_level", "reduce_to"):
         with scope():
           grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
       if optimizer is not None:
