@@ -98,6 +98,8 @@ def _fit(strategy, route, data, seed):
 def _low_level(strategy, data, seed):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   x_train, x_test, y_train, y_test = data
+  tf.random.set_seed(seed)  # The shuffle's order, whatever ran before.
+
   def glorot(shape, k):
     limit = np.sqrt(6.0 / sum(shape))
     return tf.random.stateless_uniform(shape, [seed, k], -limit, limit)
