@@ -24,8 +24,8 @@ WORKER = os.path.join(multi_worker_job.ROOT, "tests", "multi_worker_scripts",
 TRANSPORTS = ("all_gather", "all_reduce")
 # Seconds for each launcher (the subprocess gets 30 more).
 JOB_TIMEOUT = 400
-ROUTES = ("keras3", "tf_keras", "legacy", "low_level", "all_reduce",
-          "all_reduce_compressed", "tf_keras_skip")
+ROUTES = ("keras3", "tf_keras", "legacy", "low_level", "reduce_to",
+          "all_reduce", "all_reduce_compressed", "tf_keras_skip")
 
 
 routes = multi_worker_job.load_script(WORKER, "gradient_routes_worker")
@@ -101,6 +101,18 @@ def test_route_compresses_and_workers_stay_identical(jobs, transport, route):
     for r in results:
       assert r["logged"]["wire_bits_per_element"] == pytest.approx(
           r["stats"]["wire_bits_per_element"])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_reduce_to_per_gradient_compresses(jobs, transport):
+  # One `reduce_to` per gradient: a compressed exchange per variable of at
+  # least `min_elements` (3 of the 4) and step; the last one is w2's.
+  results = _results(jobs, transport, "reduce_to")
+  for r in results:
+    assert r["exchanges"] == 3 * routes.STEPS, r
+    assert r["stats"]["compressed_elements"] == routes.HIDDEN * routes.CLASSES
+    assert r["unrecognised_steps"] == 0 and not r["warnings"], r["warnings"]
+  assert len({r["sha256"] for r in results}) == 1
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

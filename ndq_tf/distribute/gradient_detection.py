@@ -324,7 +324,13 @@ class LabellingExtendedMixin:
     # way, so that it is recognised and compressed (TF would otherwise send
     # it to a `ReductionToOneDevice` of its own when the variable has a CPU
     # copy, past the cross-device ops, losslessly and in silence).
-    if (isinstance(value, tf_internals.PerReplica) and
+    # With one device per worker, a multi-worker `merge_call` hands over
+    # each worker's gradient as a plain tensor (TF's own `_reduce_to` then
+    # reduces it across workers).
+    one_per_worker = (isinstance(value, tf.Tensor) and
+                      getattr(self, "_num_workers", 1) > 1 and
+                      len(getattr(self, "worker_devices", ())) == 1)
+    if ((isinstance(value, tf_internals.PerReplica) or one_per_worker) and
         destinations_are_trainable_variables([(value, destinations)])):
       return self._batch_reduce_to(reduce_op, [(value, destinations)],
                                    options)[0]
