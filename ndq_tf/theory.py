@@ -4,7 +4,8 @@ All quantities are per element and, unless said otherwise, in max-normalized
 units (a bucket's values divided by its max-norm `κ`); multiply by `κ²` for
 the variance of the gradient itself. Plain Python (`math`), usable in tests,
 benchmarks and to pick parameters; the exchange cost model
-(`exchange_bits`) also reads the lane layout of `ndq_tf.ops.lane_ops`.
+(`exchange_bits`, `auto_transport`) is the exchanges'
+(`ndq_tf.distribute.exchanges`), reached here through thin wrappers.
 
 References:
   A. Abdi, F. Fekri. Nested Dithered Quantization for Communication
@@ -17,7 +18,6 @@ References:
 
 import math
 
-from ndq_tf.ops import lane_ops
 from ndq_tf.ops import rotation_ops
 
 __all__ = [
@@ -43,12 +43,10 @@ __all__ = [
     "rotated_dithered_vnmse_bound",
     "rate_distortion_vnmse",
     "TRANSPORTS",
-    "ALL_GATHER_HEADER_WORDS",
     "ring_all_reduce_bits",
     "ring_all_gather_bits",
     "codes_add_up",
     "summed_form",
-    "ALL_REDUCE_STAMP_WORDS",
     "exchange_bits",
     "auto_transport",
 ]
@@ -305,33 +303,33 @@ def shared_scale_variance(num_levels, num_workers, kappa_max=1.0):
   return num_workers * kappa_max * kappa_max * dithered_variance(num_levels)
 
 
-#: The transports of the cost model (`exchange_bits`).
-TRANSPORTS = ("all_gather", "all_reduce", "float32_ring", "float16_ring")
+#: The uncompressed float rings of the cost model (`exchange_bits`), beside
+#: the exchanges (`ndq_tf.distribute.exchanges.NAMES`).
+_FLOAT_RINGS = ("float32_ring", "float16_ring")
 
-#: Words of the header of every row of the collective all-gather (magic,
-#: sender, step, payload words, fingerprint), as
-#: `ndq_tf.distribute.transports.all_gather.HEADER_WORDS` sends them.
-ALL_GATHER_HEADER_WORDS = 5
-
-#: Extra float32 words of the all-reduce's MAX of the scales: the step and
-#: the exchange's fingerprint, stamped so that workers whose steps or
-#: options disagree stop with an error, as
-#: `ndq_tf.distribute.transports.collective_sum.STAMP_WORDS` sends them.
-ALL_REDUCE_STAMP_WORDS = 8
-
-# Codecs of ndq_tf.codecs whose codes add up, by their exact class (theory
-# cannot import the codecs, which import it; a subclass may decode
-# otherwise, so it is not taken on trust). "codes": integer codes, summed in
-# lanes (`lane_ops`) plus a MAX all-reduce of the scales; "float16" and
-# "float32": the values themselves, through TF's own ring of that dtype.
-_SUMMABLE = {
-    ("ndq_tf.codecs.dithered", "DitheredCodec"): "codes",
-    ("ndq_tf.codecs.dithered", "HalfDitheredCodec"): "codes",
-    ("ndq_tf.codecs.baselines", "TernGradCodec"): "codes",
-    ("ndq_tf.codecs.baselines", "QSGDCodec"): "codes",
-    ("ndq_tf.codecs.baselines", "Float16Codec"): "float16",
-    ("ndq_tf.codecs.baselines", "Float32Codec"): "float32",
+# Old homes of the framing constants, now next to the code that sends them.
+_MOVED = {
+    "ALL_GATHER_HEADER_WORDS": ("ndq_tf.distribute.transports.all_gather",
+                                "HEADER_WORDS"),
+    "ALL_REDUCE_STAMP_WORDS": ("ndq_tf.distribute.transports.collective_sum",
+                               "STAMP_WORDS"),
 }
+
+
+def __getattr__(name):
+  # Lazily: the exchanges import TensorFlow, and import this module.
+  if name == "TRANSPORTS":
+    from ndq_tf.distribute import exchanges  # pylint: disable=g-import-not-at-top
+    return exchanges.NAMES + _FLOAT_RINGS
+  if name in _MOVED:
+    import importlib  # pylint: disable=g-import-not-at-top
+    import warnings  # pylint: disable=g-import-not-at-top
+    module, attribute = _MOVED[name]
+    warnings.warn(
+        f"`ndq_tf.theory.{name}` is deprecated; use `{module}.{attribute}`.",
+        DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(module), attribute)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def rotated_scales(wire_scales, bucket_size):
@@ -377,7 +375,8 @@ def rate_distortion_vnmse(bits_per_element):
 
 
 def _summable_kind(codec):
-  return _SUMMABLE.get((type(codec).__module__, type(codec).__name__))
+  form = getattr(codec, "summed_form", None)
+  return form() if callable(form) else None
 
 
 def ring_all_reduce_bits(buffer_bits, num_workers):
@@ -418,8 +417,6 @@ def summed_form(codec):
   that dtype; None: the payloads do not add up (nested codecs, any other
   codec), so only the all-gather carries them.
   """
-  if getattr(codec, "needs_side_information", False):
-    return None
   return _summable_kind(codec)
 
 
@@ -443,25 +440,7 @@ def codes_add_up(codec):
   that only its own side information decodes, and residues do not add up)
   and for any other codec, subclasses included.
   """
-  if getattr(codec, "needs_side_information", False):
-    return False
   return _summable_kind(codec) is not None
-
-
-def _check_count(name, value, low):
-  if isinstance(value, bool) or not isinstance(value, int) or value < low:
-    raise ValueError(
-        f"`{name}` must be an integer >= {low}. Received: {name}={value!r}.")
-
-
-def _sender_codecs(codec, num_workers):
-  if isinstance(codec, (list, tuple)):
-    if len(codec) != num_workers:
-      raise ValueError(
-          f"`codec` must be one codec or one per worker ({num_workers}). "
-          f"Received: {len(codec)} codecs.")
-    return list(codec)
-  return [codec] * num_workers
 
 
 def exchange_bits(codec, num_elements, num_workers, transport):
@@ -473,19 +452,20 @@ def exchange_bits(codec, num_elements, num_workers, transport):
   rings, so a worker receives as many bits as it sends. Not counted:
   latency, the protocol's own framing (gRPC, TCP, NCCL) and lossless
   reductions outside the buffer. These are the model's numbers, not
-  measurements (docs/scaling.md).
+  measurements (docs/scaling.md). A thin wrapper: each exchange's own
+  `bits` (`ndq_tf.distribute.exchanges`) is the model.
 
   * `"all_gather"` (today's multi-worker transport): every worker sends
-    its payload, `codec.wire_bits(n)`, framed by `ALL_GATHER_HEADER_WORDS`
-    words and padded to the longest payload of the exchange, through a ring
+    its payload, `codec.wire_bits(n)`, framed by the 5 header words of
+    `transports.all_gather.HEADER_WORDS` and padded to the longest payload of the exchange, through a ring
     all-gather: `(P - 1)·32·(5 + max_p wire_words_p)`
     (`ring_all_gather_bits`). Every codec, nested ones included.
   * `"all_reduce"`: the integer sum of codes (`codes_add_up` codecs only):
     the symbols packed in the densest exact lanes for `P` senders
     (`ndq_tf.ops.lane_layout`: `W` words of 32 or 64 bits) through a ring
     all-reduce, plus the MAX all-reduce of the `⌈n/d⌉` float32 scales
-    that makes them shared (with `ALL_REDUCE_STAMP_WORDS` words of step
-    and fingerprint stamps): `2(P - 1)/P·(W·word_bits + 32·(⌈n/d⌉ + 8))`.
+    that makes them shared (with 8 words of step and fingerprint stamps,
+    `transports.collective_sum.STAMP_WORDS`): `2(P - 1)/P·(W·word_bits + 32·(⌈n/d⌉ + 8))`.
     `Float16Codec` and `Float32Codec` go through TF's float ring of their
     dtype: `2(P - 1)/P·16n` and `2(P - 1)/P·32n`.
   * `"float32_ring"`, `"float16_ring"`: the uncompressed baselines,
@@ -516,58 +496,25 @@ def exchange_bits(codec, num_elements, num_workers, transport):
       `"all_reduce"`, different codecs per worker, a codec given to a float
       ring), or a sum too large for 31-bit lanes.
   """
-  if transport not in TRANSPORTS:
-    raise ValueError(
-        f"`transport` must be one of {', '.join(map(repr, TRANSPORTS))}. "
-        f"Received: transport={transport!r}.")
-  _check_count("num_elements", num_elements, 0)
-  _check_count("num_workers", num_workers, 1)
-  n, p = num_elements, num_workers
-  if transport in ("float32_ring", "float16_ring"):
-    width = 32 if transport == "float32_ring" else 16
-    kind = f"float{width}"
-    for c in _sender_codecs(codec, p):
-      if c is not None and _summable_kind(c) != kind:
-        raise ValueError(
-            f"`codec` must be None (or Float{width}Codec) for transport="
-            f"{transport!r}, the uncompressed float{width} ring. Received: "
-            f"codec={c!r}.")
-    return ring_all_reduce_bits(width * n, p)
-  codecs = _sender_codecs(codec, p)
-  if any(c is None for c in codecs):
-    raise ValueError(
-        f"`codec` is required for transport={transport!r}. Received: "
-        f"codec=None.")
-  if transport == "all_gather":
-    distinct = {id(c): c for c in codecs}.values()
-    row_words = ALL_GATHER_HEADER_WORDS + max(
-        c.wire_bits(n) // 32 for c in distinct)
-    return ring_all_gather_bits(32 * row_words, p)
-  # all_reduce
-  first = codecs[0]
-  if any(c is not first and c != first for c in codecs[1:]):
-    raise ValueError(
-        f"`codec` must be the same for every worker under transport="
-        f"'all_reduce' (codes of different codecs do not add up). Received: "
-        f"{codecs!r}.")
-  if not codes_add_up(first):
-    why = ("nested codes are residues that only their own side information "
-           "decodes, and they do not add up; use 'all_gather'"
-           if getattr(first, "needs_side_information", False) else
-           "only DitheredCodec, HalfDitheredCodec, TernGradCodec, QSGDCodec, "
-           "Float16Codec and Float32Codec have codes that add up")
-    raise ValueError(
-        f"`codec` cannot be summed by transport='all_reduce': {why}. "
-        f"Received: codec={first!r}.")
-  kind = _summable_kind(first)
-  if kind == "float32":
-    return ring_all_reduce_bits(32 * n, p)
-  if kind == "float16":
-    return ring_all_reduce_bits(16 * n, p)
-  layout = lane_ops.lane_layout(first.alphabet_size, p, n)
-  return ring_all_reduce_bits(
-      layout.wire_bits + 32 * (first.num_scales(n) + ALL_REDUCE_STAMP_WORDS),
-      p)
+  from ndq_tf.distribute import exchanges  # pylint: disable=g-import-not-at-top
+  if transport not in _FLOAT_RINGS:
+    if transport not in exchanges.NAMES:
+      names = exchanges.NAMES + _FLOAT_RINGS
+      raise ValueError(
+          f"`transport` must be one of {', '.join(map(repr, names))}. "
+          f"Received: transport={transport!r}.")
+    return exchanges.exchange_bits(codec, num_elements, num_workers,
+                                   transport)
+  exchanges.base.check_count("num_elements", num_elements, 0)
+  exchanges.base.check_count("num_workers", num_workers, 1)
+  width = 32 if transport == "float32_ring" else 16
+  for c in exchanges.base.sender_codecs(codec, num_workers):
+    if c is not None and _summable_kind(c) != f"float{width}":
+      raise ValueError(
+          f"`codec` must be None (or Float{width}Codec) for transport="
+          f"{transport!r}, the uncompressed float{width} ring. Received: "
+          f"codec={c!r}.")
+  return ring_all_reduce_bits(width * num_elements, num_workers)
 
 
 def auto_transport(codec, num_elements, num_workers):
@@ -586,9 +533,5 @@ def auto_transport(codec, num_elements, num_workers):
   Returns:
     `"all_gather"` or `"all_reduce"`.
   """
-  gather = exchange_bits(codec, num_elements, num_workers, "all_gather")
-  try:
-    reduce = exchange_bits(codec, num_elements, num_workers, "all_reduce")
-  except ValueError:
-    return "all_gather"
-  return "all_reduce" if reduce < gather else "all_gather"
+  from ndq_tf.distribute import exchanges  # pylint: disable=g-import-not-at-top
+  return exchanges.auto(codec, num_elements, num_workers)

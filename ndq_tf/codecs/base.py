@@ -203,6 +203,11 @@ class Codec:
   needs_encode_seed = False
   #: Whether `decode` needs `side_information` (nested codecs).
   needs_side_information = False
+  #: How an integer all-reduce sums this codec's payloads (`summed_form`):
+  #: `"codes"`, `"float16"`, `"float32"` or None. Declared by each class for
+  #: itself: a subclass that does not declare it again is not summed (it
+  #: may decode otherwise).
+  SUMMED_FORM = None
 
   bucket_size = None
   alphabet_size = None
@@ -244,6 +249,19 @@ class Codec:
   def __hash__(self):
     return hash((type(self).__name__,
                  tuple(sorted(self.get_config().items()))))
+
+  def summed_form(self):
+    """How the integer all-reduce sums this codec's payloads, or None.
+
+    `"codes"`: integer codes in lanes (`ndq_tf.ops.pack_lanes`) with shared
+    scales; `"float16"`, `"float32"`: the values, through TF's own ring of
+    that dtype; None: the payloads do not add up (nested codecs: each code
+    is a residue only its own side information decodes; any class that
+    does not declare `SUMMED_FORM` itself, subclasses included).
+    """
+    if self.needs_side_information:
+      return None
+    return type(self).__dict__.get("SUMMED_FORM")
 
   def num_words(self, num_elements):
     """Number of `int32` code words in the payload of `num_elements` values."""

@@ -32,6 +32,8 @@ class Float32Codec(base.Codec):
   rounded to float32.
   """
 
+  SUMMED_FORM = "float32"
+
   def _num_words(self, num_elements):
     return num_elements
 
@@ -50,6 +52,8 @@ class Float16Codec(base.Codec):
   Values beyond float16's range (65504) become Inf, values below its
   subnormals flush to zero; NaN and Inf pass through.
   """
+
+  SUMMED_FORM = "float16"
 
   def _num_words(self, num_elements):
     return -(-num_elements // 2)
@@ -120,6 +124,8 @@ class QSGDCodec(_StochasticRoundingCodec):
       `bucket_size >= 4`; docs/algorithms.md#randomized-hadamard-rotation).
   """
 
+  SUMMED_FORM = "codes"
+
   _norm = "l2"
 
   def __init__(self, num_levels: int = 1, bucket_size: int = 512,
@@ -153,6 +159,8 @@ class TernGradCodec(_StochasticRoundingCodec):
       and transformed back after decoding (needs a power-of-two
       `bucket_size >= 4`; docs/algorithms.md#randomized-hadamard-rotation).
   """
+
+  SUMMED_FORM = "codes"
 
   _norm = "max"
 

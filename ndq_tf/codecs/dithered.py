@@ -58,6 +58,7 @@ class DitheredCodec(bucketed.BucketedCodec):
 
   _decode_uses_seed = True
   needs_encode_seed = True
+  SUMMED_FORM = "codes"
 
   def __init__(self, num_levels: int = 1, bucket_size: int = 512,
                rotation: Optional[str] = None):
@@ -133,6 +134,7 @@ class HalfDitheredCodec(bucketed.BucketedCodec):
   """
 
   needs_encode_seed = True
+  SUMMED_FORM = "codes"
 
   def __init__(self, num_levels: int = 1, bucket_size: int = 512,
                dither_order: int = 2, rotation: Optional[str] = None):

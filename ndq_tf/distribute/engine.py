@@ -14,29 +14,14 @@ owns, for both alike:
 * the exchange's fingerprint (`fingerprint`: options, plan, kind), which
   the transports stamp and check beside the step;
 * the senders' codecs (the reference group P1 first, then the nested
-  senders P2);
-* encoding on each local sender's device;
-* decoding every sender in sender order with side information
-  (`fusion.decode_senders`) and the deterministic sum
-  (`fusion.sum_decoded`), so every receiver obtains the same bits;
-* the nested senders' own statistics and their noise state
-  (`nested_state`), and the telemetry (`telemetry`);
+  senders P2), their noise state (`nested_state`) and the telemetry;
 * the step counter, advanced once per compressed exchange.
 
-A *transport* (`ndq_tf.distribute.transports`) only moves bytes and knows
-nothing of codecs. Two kinds, chosen per exchange by the option
-`transport` (`CompressionOptions.resolve_transport`):
-
-* `"all_gather"`: every receiver gets every sender's packed `int32`
-  payload and decodes each in sender order (`Transport`);
-* `"all_reduce"`: for codecs whose payloads add up
-  (`ndq_tf.theory.summed_form`), the senders agree on one scale per bucket
-  (a MAX all-reduce), encode with it, and their integer codes, packed in
-  lanes that cannot carry into each other (`ndq_tf.ops.lane_layout`), are
-  summed exactly by an integer all-reduce (`SummingTransport`); every
-  receiver decodes the sum once, subtracting every sender's dither
-  (`codec.decode_symbol_sum`). Float16/Float32 values go through a float
-  ring instead. docs/scaling.md has the cost model and the choice.
+The exchange algorithms themselves (`"all_gather"`, `"all_reduce"`, chosen
+per exchange by the option `transport`, `CompressionOptions.resolve_transport`)
+are `ndq_tf.distribute.exchanges`; a *transport*
+(`ndq_tf.distribute.transports`) only moves bytes and knows nothing of
+codecs.
 
 Ops are built under the name scopes `ndq_encode`, `ndq_exchange`,
 `ndq_decode` and `ndq_sum`, so profiles show where a step's time goes
@@ -44,13 +29,12 @@ Ops are built under the name scopes `ndq_encode`, `ndq_exchange`,
 """
 
 import collections
-import contextlib
 
 import tensorflow as tf
 from absl import logging
 
 from ndq_tf import ops as ndq_ops
-from ndq_tf import theory
+from ndq_tf.distribute import exchanges
 from ndq_tf.distribute import fingerprint
 from ndq_tf.distribute import fusion
 from ndq_tf.distribute import nested_state
@@ -67,10 +51,9 @@ __all__ = [
 #: Second word of every exchange's base seed ("NDQT").
 SEED_TAG = 0x4E445154
 
-#: The sender index whose seed a rotated codec's shared signs take under
-#: the integer all-reduce (no real sender has it): the same for every
-#: sender of a step, a new pattern every step.
-ROTATION_SENDER = -1
+#: The sender index of a rotated codec's shared signs under the integer
+#: all-reduce (`exchanges.sum_exchange.ROTATION_SENDER`).
+ROTATION_SENDER = exchanges.sum_exchange.ROTATION_SENDER
 
 #: One sender whose gradient this process holds: its index in decode order,
 #: its device, and its tensors (in the order of the compressed values).
@@ -98,47 +81,6 @@ def _warn_once(key, message, *args):
   if key not in _WARNED:
     _WARNED.add(key)
     logging.warning("ndq_tf: " + message, *args)
-
-
-def _chunk_scope(index, count):
-  """The name scope `ndq_chunk<index>` of a chunk, if there are several."""
-  if count > 1:
-    return tf.name_scope(f"ndq_chunk{index}")
-  return contextlib.nullcontext()
-
-
-def _join(parts):
-  """One 1-D tensor from a chunk's parts (the part itself if only one)."""
-  return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
-
-
-def _split_results(plan, chunks, totals, devices):
-  """Every receiver's list of summed tensors from its chunks' sums.
-
-  `totals` maps a receiver to its sum per chunk; receivers without sums of
-  their own (on a transport with `shared_memory`) get the first one's
-  tensors, handed over on their devices.
-  """
-  results = []
-  for r in sorted(devices):
-    with tf.device(devices[r]), tf.name_scope("ndq_sum"):
-      if r in totals:
-        results.append(plan.split_chunks(chunks, totals[r]))
-      else:
-        results.append([tf.identity(t) for t in results[0]])
-  return results
-
-
-def _model_bits(codecs, num_elements, num_senders):
-  """`all_gather` and `all_reduce` bits by the cost model, for the log."""
-  parts = []
-  for kind in ("all_gather", "all_reduce"):
-    try:
-      bits = theory.exchange_bits(codecs, num_elements, num_senders, kind)
-    except ValueError:
-      continue
-    parts.append(f"{kind} {bits:.0f}")
-  return ", ".join(parts)
 
 
 class ExchangeEngine(tf.Module):
@@ -289,19 +231,29 @@ class ExchangeEngine(tf.Module):
 
   # -- The exchange ------------------------------------------------------------
 
-  def seed(self, sender, step):
-    """The `[2]` `int32` seed of `sender`'s payload at `step`."""
+  def seed(self, sender, step, segment=None):
+    """The `[2]` `int32` seed of `sender`'s payload at `step`.
+
+    Args:
+      sender: the sender's index (or `ROTATION_SENDER`).
+      step: the step counter's value.
+      segment: None: the payload's seed; an index: the seed of that codec
+        segment of the payload, `fold_seed(seed, segment)`, as
+        `fusion.encode_flat` derives it.
+    """
     base = tf.constant([self._options.seed, SEED_TAG], tf.int32)
-    return fusion.derive_seed(base, step, sender)
+    seed = fusion.derive_seed(base, step, sender)
+    return seed if segment is None else ndq_ops.fold_seed(seed, segment)
 
   def exchange(self, transports, senders, reduce_op, divisor=None,
                lossless_values=()):
     """Encodes the local senders, moves the payloads, decodes and sums.
 
     Args:
-      transports: `{"all_gather": Transport, "all_reduce":
-        SummingTransport}` (`ndq_tf.distribute.transports`) over the same
-        senders and receivers; the exchange uses the one the options pick
+      transports: one transport per exchange name (`{"all_gather":
+        Transport, "all_reduce": SummingTransport}`,
+        `ndq_tf.distribute.transports`) over the same senders and
+        receivers; the exchange uses the one the options pick
         (`CompressionOptions.resolve_transport`).
       senders: list of `LocalSender`, the senders this process encodes, in
         sender order; their tensors have the same shapes and dtypes.
@@ -329,260 +281,18 @@ class ExchangeEngine(tf.Module):
                  "gradients of %d senders by %r (%s bits per sender and "
                  "exchange of %d values by the cost model, "
                  "ndq_tf.theory.exchange_bits).", num_senders, kind,
-                 _model_bits(codecs, plan.total_size, num_senders),
+                 exchanges.bits_summary(codecs, plan.total_size, num_senders),
                  plan.total_size)
     # What every receiver must agree on, checked by the transports.
     mark = fingerprint.fingerprint(options, plan.signature, kind)
-    if kind == "all_reduce":
-      results = self._exchange_sum(transports["all_reduce"], codecs[0], plan,
-                                   senders, step, mean, divisor,
-                                   lossless_values, mark)
-    else:
-      results = self._exchange_gather(transports["all_gather"], codecs, plan,
+    results = exchanges.get(kind).run(self, transports[kind], codecs, plan,
                                       senders, step, mean, divisor,
                                       lossless_values, mark)
     with tf.device(self._device):
       self.step.assign_add(1)
     return results
 
-  def _exchange_gather(self, transport, codecs, plan, senders, step, mean,
-                       divisor, lossless_values, mark):
-    """Every sender's payload to every receiver; decode each, then sum.
-
-    Chunk by chunk (`FusionPlan.chunks`): chunk `k` is encoded, moved,
-    decoded and summed by ops that depend on no other chunk's, so TF runs
-    chunk `k`'s exchange while chunk `k + 1` is encoded and chunk `k - 1`
-    decoded (a multi-worker transport's collectives keep program order).
-    """
-    options = self._options
-    num_senders = transport.num_senders
-    chunks = plan.chunks(options.chunk_elements)
-    nested = [x.index for x in senders
-              if codecs[x.index].needs_side_information]
-    noise = variables = None
-    if nested:
-      variables = self.nested_state.variables_for(
-          plan.signature, len(senders), plan.total_size // plan.bucket_size)
-      if options.adaptive:
-        with tf.device(self._device):
-          # Each nested sender's own last noise, times its gain: known to
-          # the sender alone; only the steps it picks travel (in the wire).
-          noise = variables[0].read_value() * variables[1].read_value()
-
-    local = [x.index for x in senders]
-    totals = collections.defaultdict(list)  # Receiver -> one sum per chunk.
-    devices = {}
-    # The local nested senders' own chunks, for their statistics.
-    own = collections.defaultdict(lambda: collections.defaultdict(list))
-
-    def keep_own(me, values, wire, side, decoded, chunk):
-      own[me]["values"].append(values)
-      own[me]["side"].append(side)
-      own[me]["decoded"].append(decoded)
-      own[me]["scales"].append(fusion.wire_scales(codecs[me], wire, plan,
-                                                  chunk))
-    payload_words = framing_bits = link_bits = 0
-    for k, chunk in enumerate(chunks):
-      with _chunk_scope(k, len(chunks)):
-        fused, wires = {}, []
-        for row, sender in enumerate(senders):
-          with tf.device(sender.device), tf.name_scope("ndq_encode"):
-            fused[sender.index] = plan.flatten(sender.tensors, chunk)
-            wires.append(fusion.encode_flat(
-                codecs[sender.index], fused[sender.index],
-                self.seed(sender.index, step), plan,
-                noise_scale=(noise[row] if noise is not None
-                             and sender.index in nested else None),
-                chunk=chunk))
-
-        words = [plan.chunk_wire_words(c, chunk) for c in codecs]
-        with tf.name_scope("ndq_exchange"):
-          receptions = transport.exchange(
-              [(x.index, x.device, w) for x, w in zip(senders, wires)],
-              words, step, fingerprint=mark)
-        payload_words += sum(words[i] for i in local)
-        framing_bits += transport.framing_bits(words, local)
-        link_bits += theory.exchange_bits(codecs, chunk.length, num_senders,
-                                          "all_gather")
-
-        if transport.shared_memory:
-          # One memory: every receiver would decode the same payloads into
-          # the same bits, so each sender is decoded once, on its own
-          # device, and every receiver gets the one sum.
-          for r, reception in enumerate(receptions):
-            devices[r] = reception.device
-          first = receptions[0]
-          with tf.device(first.device), tf.name_scope("ndq_decode"), \
-              tf.control_dependencies(first.checks):
-            seeds = [self.seed(i, step) for i in range(num_senders)]
-            decoded, side = fusion.decode_senders(
-                codecs, first.wires, seeds, plan,
-                return_side_information=True, chunk=chunk,
-                devices=[x.device for x in sorted(senders,
-                                                  key=lambda x: x.index)])
-            for me in nested:
-              keep_own(me, fused[me], first.wires[me], side[me],
-                       decoded[me], chunk)
-          with tf.device(first.device), tf.name_scope("ndq_sum"):
-            totals[0].append(fusion.sum_senders(decoded, mean=mean,
-                                                divisor=divisor))
-          continue
-        for r, reception in enumerate(receptions):
-          devices[r] = reception.device
-          with tf.device(reception.device), tf.name_scope("ndq_decode"), \
-              tf.control_dependencies(reception.checks):
-            # A receiver derives every sender's seed from the step that
-            # sender used (the transport reports it), never from its own
-            # counter alone.
-            steps = reception.steps
-            seeds = [self.seed(i, step if steps is None else steps[i])
-                     for i in range(num_senders)]
-            me = reception.local_sender
-            if me in nested:
-              decoded, side = fusion.decode_senders(
-                  codecs, reception.wires, seeds, plan,
-                  return_side_information=True, chunk=chunk)
-              # The nested sender on this device knows its true gradient:
-              # its exact noise and real overloads (only [num_buckets]
-              # floats and a few scalars leave the device).
-              keep_own(me, fused[me], reception.wires[me], side[me],
-                       decoded[me], chunk)
-            else:
-              decoded = fusion.decode_senders(codecs, reception.wires, seeds,
-                                              plan, chunk=chunk)
-          with tf.device(reception.device), tf.name_scope("ndq_sum"):
-            totals[r].append(fusion.sum_senders(decoded, mean=mean,
-                                                divisor=divisor))
-
-    results = _split_results(plan, chunks, totals, devices)
-    if nested:
-      statistics = {}
-      for me, mine in own.items():
-        row = local.index(me)
-        with tf.device(senders[row].device), tf.name_scope("ndq_decode"):
-          values, side, decoded, scales = (
-              _join(mine[key])
-              for key in ("values", "side", "decoded", "scales"))
-          statistics[me] = nested_state.sender_statistics(
-              codecs[me], None, values, side, decoded, plan,
-              noise_scale=None if noise is None else noise[row],
-              scales=scales)
-      self._update_nested_state(variables, senders, statistics, plan)
-    self._record(transport, plan, senders, lossless_values,
-                 payload_bits=32 * payload_words, framing_bits=framing_bits,
-                 link_bits=len(senders) * link_bits)
-    return results
-
-  def _exchange_sum(self, transport, codec, plan, senders, step, mean,
-                    divisor, lossless_values, mark):
-    """Shared scales, codes summed as integers, one decode of the sum.
-
-    One MAX all-reduce shares the scales of the whole buffer; then chunk by
-    chunk (`FusionPlan.chunks`), each with the dither it has in the whole
-    buffer: encode, integer all-reduce, decode, so chunk `k`'s all-reduce
-    runs while chunk `k + 1` is encoded and chunk `k - 1` decoded.
-    """
-    form = theory.summed_form(codec)
-    num_senders = transport.num_senders
-    chunks = plan.chunks(self._options.chunk_elements)
-
-    def finish(total):
-      if mean:
-        total = total / float(divisor or num_senders)
-      return total
-
-    totals = collections.defaultdict(list)  # Receiver -> one sum per chunk.
-    devices = {}
-    payload_bits = framing_bits = 0
-    if form in ("float16", "float32"):
-      # TF's own float ring: the values themselves, summed in their dtype.
-      dtype = tf.float16 if form == "float16" else tf.float32
-      for k, chunk in enumerate(chunks):
-        with _chunk_scope(k, len(chunks)):
-          values = []
-          for x in senders:
-            with tf.device(x.device), tf.name_scope("ndq_encode"):
-              values.append((x.index, x.device, tf.cast(
-                  plan.flatten(x.tensors, chunk), dtype)))
-          with tf.name_scope("ndq_exchange"):
-            reductions = transport.all_reduce(values, "Add")
-          for r, reduction in enumerate(reductions):
-            devices[r] = reduction.device
-            with tf.device(reduction.device), tf.name_scope("ndq_sum"):
-              totals[r].append(finish(tf.cast(reduction.value, tf.float32)))
-      payload_bits = len(senders) * dtype.size * 8 * plan.total_size
-    else:
-      if len(plan.segments) != 1:
-        raise ValueError(f"{codec!r} is not a bucketed codec.")
-      d = plan.bucket_size
-      # The seed encode_flat gives the buffer's one segment: a sender's
-      # dither is the same under either transport.
-      seeds = [ndq_ops.fold_seed(self.seed(i, step), 0)
-               for i in range(num_senders)]
-      all_seeds = tf.stack(seeds)
-      # A rotated codec: the senders share the signs (so the sum of their
-      # rotated codes is the rotated sum), each keeps its dither
-      # (docs/algorithms.md#rotation-and-the-integer-all-reduce).
-      rotation = ({"rotation_seed": ndq_ops.fold_seed(
-          self.seed(ROTATION_SENDER, step), 0)}
-                  if getattr(codec, "rotation", None) else {})
-      fused, own = collections.defaultdict(list), []
-      for x in senders:
-        with tf.device(x.device), tf.name_scope("ndq_encode"):
-          for chunk in chunks:
-            fused[x.index].append(plan.flatten(x.tensors, chunk))
-          own.append((x.index, x.device, _join(
-              [codec.bucket_scales(part, dither_offset=chunk.start,
-                                   **rotation)
-               for part, chunk in zip(fused[x.index], chunks)])))
-      with tf.name_scope("ndq_exchange"):
-        shared = {r.local_sender: r
-                  for r in transport.all_reduce(own, "Max", step=step,
-                                                fingerprint=mark)}
-      for k, chunk in enumerate(chunks):
-        first, count = chunk.start // d, codec.num_scales(chunk.length)
-        layout = ndq_ops.lane_layout(codec.alphabet_size, num_senders,
-                                     chunk.length)
-        with _chunk_scope(k, len(chunks)):
-          lanes = []
-          for x in senders:
-            scales = shared[x.index]
-            with tf.device(x.device), tf.name_scope("ndq_encode"), \
-                tf.control_dependencies(scales.checks):
-              symbols = codec.encode_symbols(
-                  fused[x.index][k], seeds[x.index],
-                  scales.value[first:first + count],
-                  dither_offset=chunk.start, **rotation)
-              lanes.append((x.index, x.device,
-                            ndq_ops.pack_lanes(symbols, layout)))
-          with tf.name_scope("ndq_exchange"):
-            sums = transport.all_reduce(lanes, "Add")
-          for r, reduction in enumerate(sums):
-            devices[r] = reduction.device
-            if transport.shared_memory and r > 0:
-              continue  # One memory: the first receiver's decode serves all.
-            with tf.device(reduction.device), tf.name_scope("ndq_decode"):
-              total = codec.decode_symbol_sum(
-                  ndq_ops.unpack_lanes(reduction.value, layout),
-                  shared[reduction.local_sender].value[first:first + count],
-                  all_seeds, tf.float32, dither_offset=chunk.start,
-                  **rotation)
-            with tf.device(reduction.device), tf.name_scope("ndq_sum"):
-              totals[r].append(finish(total))
-        payload_bits += len(senders) * layout.wire_bits
-      payload_bits += len(senders) * 32 * codec.num_scales(plan.total_size)
-      framing_bits = len(senders) * transport.framing_bits(True)
-    # The cost model of the whole buffer: chunks add at most one lane word
-    # each.
-    link_bits = theory.exchange_bits(codec, plan.total_size, num_senders,
-                                     "all_reduce")
-    results = _split_results(plan, chunks, totals, devices)
-    self._record(transport, plan, senders, lossless_values,
-                 payload_bits=payload_bits, framing_bits=framing_bits,
-                 link_bits=len(senders) * link_bits)
-    return results
-
-  def _update_nested_state(self, variables, senders, statistics, plan):
+  def update_nested_state(self, variables, senders, statistics, plan):
     """Stores the local nested senders' noise state and telemetry."""
     scale_variable, gain_variable = variables
     num_buckets = plan.total_size // plan.bucket_size
@@ -605,30 +315,15 @@ class ExchangeEngine(tf.Module):
           [dict(statistics[p], num_buckets=num_buckets)
            for p in sorted(statistics)])
 
-  def _record(self, transport, plan, senders, lossless_values, payload_bits,
-              framing_bits, link_bits):
+  def record(self, transport, plan, senders, lossless_values, payload_bits,
+             framing_bits, link_bits):
     """Assigns the telemetry of this exchange.
 
     `link_bits` is the cost model's bits on the local senders' links for
     the compressed buffer; the lossless values add a float ring's.
     """
-    lossless_elements = tf.zeros([], tf.int64)
-    lossless_bits = tf.zeros([], tf.int64)
-    for value in lossless_values:
-      v = value.values[0] if isinstance(
-          value, tf_internals.DistributedValues) else value
-      if isinstance(v, tf.IndexedSlices):
-        # Sparse values and their indices, at their runtime size.
-        n = tf.size(v.values, out_type=tf.int64)
-        lossless_elements += n
-        lossless_bits += (n * v.values.dtype.size * 8
-                          + tf.size(v.indices, out_type=tf.int64)
-                          * v.indices.dtype.size * 8)
-        continue
-      v = tf.convert_to_tensor(v)
-      n = tf.size(v, out_type=tf.int64)
-      lossless_elements += n
-      lossless_bits += n * v.dtype.size * 8
+    lossless_elements, lossless_bits = telemetry_lib.lossless_size(
+        lossless_values)
     num_senders = transport.num_senders
     ring = 2.0 * (num_senders - 1) / num_senders
     with tf.device(self._device):

@@ -13,7 +13,7 @@ import inspect
 import keras
 
 from ndq_tf import codecs as ndq_codecs
-from ndq_tf import theory
+from ndq_tf.distribute import exchanges
 
 __all__ = [
     "DEFAULT_CHUNK_ELEMENTS",
@@ -24,8 +24,9 @@ __all__ = [
     "coerce_codec",
 ]
 
-#: The values of `transport`: how payloads travel (`CompressionOptions`).
-TRANSPORTS = ("auto", "all_gather", "all_reduce")
+#: The values of `transport`: how payloads travel (`CompressionOptions`):
+#: `"auto"` or one of the exchanges (`ndq_tf.distribute.exchanges.NAMES`).
+TRANSPORTS = ("auto",) + exchanges.NAMES
 
 #: Default `min_elements`: smaller tensors travel losslessly. Every tensor
 #: starts on a bucket boundary, so a tensor of `n < bucket_size` elements
@@ -130,7 +131,7 @@ class CompressionOptions:
       gets every sender's payload and decodes each), `"all_reduce"` (the
       senders agree on shared scales and their codes are summed as
       integers, or float16/float32 values by a float ring; only for the
-      codecs whose payloads add up, `ndq_tf.theory.summed_form`), or
+      codecs whose payloads add up, `Codec.summed_form`), or
       `"auto"` (default): per exchange, the one that sends fewer bits by
       `ndq_tf.theory.exchange_bits` (`resolve_transport`).
     chunk_elements: a fused buffer of more elements than this is encoded,
@@ -175,19 +176,11 @@ class CompressionOptions:
       raise ValueError(
           f"`transport` must be one of {', '.join(map(repr, TRANSPORTS))}. "
           f"Received: transport={transport!r}.")
-    if transport == "all_reduce" and (
-        self.nested or theory.summed_form(self._codec) is None):
-      if self.nested:
-        why = ("nested codes are residues that only their own side "
-               "information decodes, so they do not add up; use "
-               "transport='all_gather' (or 'auto')")
-      else:
-        why = ("only the codes of DitheredCodec, HalfDitheredCodec, "
-               "TernGradCodec and QSGDCodec add up (and Float16Codec and "
-               "Float32Codec values, through a float ring); use "
-               "transport='all_gather' (or 'auto')")
+    why = (None if transport == "auto" else
+           exchanges.get(transport).refusal(self._codec, self.nested))
+    if why:
       raise ValueError(
-          f"transport='all_reduce' cannot sum the payloads of "
+          f"transport={transport!r} cannot sum the payloads of "
           f"codec={self._codec!r}: {why}.")
     return transport
 
@@ -214,8 +207,8 @@ class CompressionOptions:
     """
     if self._transport != "auto":
       return self._transport
-    return theory.auto_transport(self.sender_codecs(num_senders),
-                                 num_elements, num_senders)
+    return exchanges.auto(self.sender_codecs(num_senders), num_elements,
+                          num_senders)
 
   def _check_reference(self, codec, reference_codec, group, adaptive):
     """Validates the nested-group arguments (the paper's Algorithm 2)."""

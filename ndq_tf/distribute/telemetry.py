@@ -74,11 +74,15 @@ reference worker: zeros):
 
 import tensorflow as tf
 
+from ndq_tf.distribute import exchanges
+from ndq_tf.distribute import tf_internals
+
 __all__ = [
     "KEYS",
     "NESTED_KEYS",
     "TRANSPORT_NAMES",
     "Telemetry",
+    "lossless_size",
 ]
 
 KEYS = ("step", "transport", "senders", "local_senders", "sent_bits",
@@ -88,7 +92,7 @@ KEYS = ("step", "transport", "senders", "local_senders", "sent_bits",
         "lossless_fallbacks", "unrecognised_gradient_steps")
 
 #: The transports an exchange reports, by their code in the telemetry.
-TRANSPORT_NAMES = ("all_gather", "all_reduce")
+TRANSPORT_NAMES = exchanges.NAMES
 NESTED_KEYS = ("overloads", "nested_elements", "overload_rate",
                "overload_probability", "fallback_fraction")
 
@@ -223,3 +227,28 @@ class Telemetry(tf.Module):
       out["fallback_fraction"] = (value["fallback_buckets"] / buckets
                                   if buckets else 0.0)
     return out
+
+
+def lossless_size(lossless_values):
+  """`int64` elements and bits of the values that travel losslessly.
+
+  `IndexedSlices` count their values and indices at their runtime size;
+  a `DistributedValues` counts its first component.
+  """
+  lossless_elements = tf.zeros([], tf.int64)
+  lossless_bits = tf.zeros([], tf.int64)
+  for value in lossless_values:
+    v = value.values[0] if isinstance(
+        value, tf_internals.DistributedValues) else value
+    if isinstance(v, tf.IndexedSlices):
+      n = tf.size(v.values, out_type=tf.int64)
+      lossless_elements += n
+      lossless_bits += (n * v.values.dtype.size * 8
+                        + tf.size(v.indices, out_type=tf.int64)
+                        * v.indices.dtype.size * 8)
+      continue
+    v = tf.convert_to_tensor(v)
+    n = tf.size(v, out_type=tf.int64)
+    lossless_elements += n
+    lossless_bits += n * v.dtype.size * 8
+  return lossless_elements, lossless_bits

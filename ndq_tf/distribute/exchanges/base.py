@@ -1,0 +1,144 @@
+"""What every exchange declares, and the pieces the exchanges share.
+
+An *exchange* is one algorithm of the compressed all-reduce: how the
+senders' encoded gradients travel and are summed (`gather`: every payload
+to every receiver; `sum`: integer codes summed by an all-reduce). Each one
+is an `Exchange`: its name (the value of the option `transport`), which
+codecs it carries, its cost in bits and in decode work per worker (the
+cost model of docs/scaling.md), its framing words, and `run`, which builds
+the exchange's ops with the engine's helpers (seeds, nested state,
+telemetry: `ndq_tf.distribute.engine.ExchangeEngine`). A transport
+(`ndq_tf.distribute.transports`) only moves bytes.
+"""
+
+import collections
+import contextlib
+
+import tensorflow as tf
+
+__all__ = [
+    "Exchange",
+    "Work",
+    "chunk_scope",
+    "check_count",
+    "join",
+    "sender_codecs",
+    "split_results",
+]
+
+#: The decode work of one worker in one exchange of `n` values: elements of
+#: dither it draws (to encode and to decode: a subtractive dither is drawn
+#: again by every receiver), and decodes it runs.
+Work = collections.namedtuple("Work", ["dither_draws", "decodes"])
+
+
+class Exchange:
+  """One algorithm of the compressed all-reduce (subclasses set `name`).
+
+  Subclasses override `refusal`, `bits`, `work` and `run`;
+  `framing_words` is the words the exchange adds to a payload, as its
+  transport sends them.
+  """
+
+  #: The value of the option `transport` that picks this exchange (and
+  #: the key of its transport in `ExchangeEngine.exchange`'s `transports`).
+  name = None
+  #: Words the exchange's transport adds to every sender's payload.
+  framing_words = 0
+
+  def refusal(self, codec, nested):
+    """Why this exchange cannot carry `codec` (a sentence), or None.
+
+    Args:
+      codec: the options' codec.
+      nested: whether the options have a nested group.
+    """
+    del codec, nested
+    return None
+
+  def bits(self, codecs, num_elements, num_workers):
+    """Bits each worker sends per exchange of `num_elements` values (model).
+
+    Args:
+      codecs: one codec per worker, in sender order.
+      num_elements: `n >= 0`.
+      num_workers: `P >= 1`.
+
+    Raises:
+      ValueError: if the exchange cannot carry the codecs.
+    """
+    raise NotImplementedError
+
+  def work(self, codecs, num_elements, num_workers):
+    """The `Work` of each worker per exchange of `num_elements` values."""
+    raise NotImplementedError
+
+  def run(self, engine, transport, codecs, plan, senders, step, mean,
+          divisor, lossless_values, mark):
+    """Builds the exchange; returns one list of summed tensors per receiver.
+
+    Args:
+      engine: the `ExchangeEngine` (its options, `seed`, `nested_state`,
+        `_update_nested_state` and `_record`).
+      transport: the transport of this exchange (`engine.exchange`'s
+        `transports[self.name]`).
+      codecs: one codec per sender, in sender order.
+      plan: the `FusionPlan` of the senders' tensors.
+      senders: the local `LocalSender`s, in sender order.
+      step: the step counter's value.
+      mean: whether to divide the sum by `divisor`.
+      divisor: what a mean divides by; None: the number of senders.
+      lossless_values: the call's values that travel losslessly.
+      mark: the exchange's fingerprint (`fingerprint.fingerprint`).
+    """
+    raise NotImplementedError
+
+  def __repr__(self):
+    return f"<exchange {self.name!r}>"
+
+
+def check_count(name, value, low):
+  """Raises unless `value` is an integer `>= low` (named `name`)."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    raise ValueError(
+        f"`{name}` must be an integer >= {low}. Received: {name}={value!r}.")
+
+
+def sender_codecs(codec, num_workers):
+  """One codec per worker from one codec or a list of them."""
+  if isinstance(codec, (list, tuple)):
+    if len(codec) != num_workers:
+      raise ValueError(
+          f"`codec` must be one codec or one per worker ({num_workers}). "
+          f"Received: {len(codec)} codecs.")
+    return list(codec)
+  return [codec] * num_workers
+
+
+def chunk_scope(index, count):
+  """The name scope `ndq_chunk<index>` of a chunk, if there are several."""
+  if count > 1:
+    return tf.name_scope(f"ndq_chunk{index}")
+  return contextlib.nullcontext()
+
+
+def join(parts):
+  """One 1-D tensor from a chunk's parts (the part itself if only one)."""
+  return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+
+
+def split_results(plan, chunks, totals, devices):
+  """Every receiver's list of summed tensors from its chunks' sums.
+
+  `totals` maps a receiver to its sum per chunk; receivers without sums of
+  their own (on a transport with `shared_memory`) get the first one's
+  tensors, handed over on their devices.
+  """
+  results = []
+  for r in sorted(devices):
+    with tf.device(devices[r]), tf.name_scope("ndq_sum"):
+      if r in totals:
+        results.append(plan.split_chunks(chunks, totals[r]))
+      else:
+        results.append([tf.identity(t) for t in results[0]])
+  return results

@@ -1,0 +1,183 @@
+"""The all-gather exchange: every sender's payload to every receiver.
+
+Every receiver gets every sender's packed `int32` payload (a transport's
+`exchange`: `transports.AllGatherTransport` across workers,
+`transports.DeviceCopyTransport` across devices) and decodes each in
+sender order, with side information for the nested senders
+(`fusion.decode_senders`), then sums them (`fusion.sum_senders`). Every
+codec, nested ones included. Cost (docs/scaling.md): every worker sends its
+payload, framed by `HEADER_WORDS` words and padded to the longest payload,
+through a ring all-gather; every worker decodes every sender.
+"""
+
+import collections
+
+import tensorflow as tf
+
+from ndq_tf import theory
+from ndq_tf.distribute import fusion
+from ndq_tf.distribute import nested_state
+from ndq_tf.distribute.exchanges import base
+from ndq_tf.distribute.transports import all_gather as all_gather_transport
+
+__all__ = [
+    "EXCHANGE",
+    "GatherExchange",
+]
+
+
+class GatherExchange(base.Exchange):
+  """`transport="all_gather"`: decode every sender's payload, then sum."""
+
+  name = "all_gather"
+  #: The header of every row of the collective all-gather (magic, sender,
+  #: step, payload words, fingerprint).
+  framing_words = all_gather_transport.HEADER_WORDS
+
+  def bits(self, codecs, num_elements, num_workers):
+    """`(P - 1)·32·(HEADER_WORDS + max_p wire_words_p)`: a ring all-gather.
+
+    Rows are padded to the longest payload of the exchange (a nested
+    group's codecs differ).
+    """
+    distinct = {id(c): c for c in codecs}.values()
+    row_words = self.framing_words + max(
+        c.wire_bits(num_elements) // 32 for c in distinct)
+    return theory.ring_all_gather_bits(32 * row_words, num_workers)
+
+  def work(self, codecs, num_elements, num_workers):
+    """Each worker encodes its payload and decodes every sender's."""
+    n = num_elements
+    draws = n if getattr(codecs[0], "needs_encode_seed", False) else 0
+    draws += sum(n for c in codecs if getattr(c, "decoder_needs_seed", False))
+    return base.Work(dither_draws=draws, decodes=num_workers)
+
+  def run(self, engine, transport, codecs, plan, senders, step, mean,
+          divisor, lossless_values, mark):
+    """Every sender's payload to every receiver; decode each, then sum.
+
+    Chunk by chunk (`FusionPlan.chunks`): chunk `k` is encoded, moved,
+    decoded and summed by ops that depend on no other chunk's, so TF runs
+    chunk `k`'s exchange while chunk `k + 1` is encoded and chunk `k - 1`
+    decoded (a multi-worker transport's collectives keep program order).
+    """
+    options = engine.options
+    num_senders = transport.num_senders
+    chunks = plan.chunks(options.chunk_elements)
+    nested = [x.index for x in senders
+              if codecs[x.index].needs_side_information]
+    noise = variables = None
+    if nested:
+      variables = engine.nested_state.variables_for(
+          plan.signature, len(senders), plan.total_size // plan.bucket_size)
+      if options.adaptive:
+        with tf.device(engine.device):
+          # Each nested sender's own last noise, times its gain: known to
+          # the sender alone; only the steps it picks travel (in the wire).
+          noise = variables[0].read_value() * variables[1].read_value()
+
+    local = [x.index for x in senders]
+    totals = collections.defaultdict(list)  # Receiver -> one sum per chunk.
+    devices = {}
+    # The local nested senders' own chunks, for their statistics.
+    own = collections.defaultdict(lambda: collections.defaultdict(list))
+
+    def keep_own(me, values, wire, side, decoded, chunk):
+      own[me]["values"].append(values)
+      own[me]["side"].append(side)
+      own[me]["decoded"].append(decoded)
+      own[me]["scales"].append(fusion.wire_scales(codecs[me], wire, plan,
+                                                  chunk))
+    payload_words = framing_bits = link_bits = 0
+    for k, chunk in enumerate(chunks):
+      with base.chunk_scope(k, len(chunks)):
+        fused, wires = {}, []
+        for row, sender in enumerate(senders):
+          with tf.device(sender.device), tf.name_scope("ndq_encode"):
+            fused[sender.index] = plan.flatten(sender.tensors, chunk)
+            wires.append(fusion.encode_flat(
+                codecs[sender.index], fused[sender.index],
+                engine.seed(sender.index, step), plan,
+                noise_scale=(noise[row] if noise is not None
+                             and sender.index in nested else None),
+                chunk=chunk))
+
+        words = [plan.chunk_wire_words(c, chunk) for c in codecs]
+        with tf.name_scope("ndq_exchange"):
+          receptions = transport.exchange(
+              [(x.index, x.device, w) for x, w in zip(senders, wires)],
+              words, step, fingerprint=mark)
+        payload_words += sum(words[i] for i in local)
+        framing_bits += transport.framing_bits(words, local)
+        link_bits += self.bits(codecs, chunk.length, num_senders)
+
+        if transport.shared_memory:
+          # One memory: every receiver would decode the same payloads into
+          # the same bits, so each sender is decoded once, on its own
+          # device, and every receiver gets the one sum.
+          for r, reception in enumerate(receptions):
+            devices[r] = reception.device
+          first = receptions[0]
+          with tf.device(first.device), tf.name_scope("ndq_decode"), \
+              tf.control_dependencies(first.checks):
+            seeds = [engine.seed(i, step) for i in range(num_senders)]
+            decoded, side = fusion.decode_senders(
+                codecs, first.wires, seeds, plan,
+                return_side_information=True, chunk=chunk,
+                devices=[x.device for x in sorted(senders,
+                                                  key=lambda x: x.index)])
+            for me in nested:
+              keep_own(me, fused[me], first.wires[me], side[me],
+                       decoded[me], chunk)
+          with tf.device(first.device), tf.name_scope("ndq_sum"):
+            totals[0].append(fusion.sum_senders(decoded, mean=mean,
+                                                divisor=divisor))
+          continue
+        for r, reception in enumerate(receptions):
+          devices[r] = reception.device
+          with tf.device(reception.device), tf.name_scope("ndq_decode"), \
+              tf.control_dependencies(reception.checks):
+            # A receiver derives every sender's seed from the step that
+            # sender used (the transport reports it), never from its own
+            # counter alone.
+            steps = reception.steps
+            seeds = [engine.seed(i, step if steps is None else steps[i])
+                     for i in range(num_senders)]
+            me = reception.local_sender
+            if me in nested:
+              decoded, side = fusion.decode_senders(
+                  codecs, reception.wires, seeds, plan,
+                  return_side_information=True, chunk=chunk)
+              # The nested sender on this device knows its true gradient:
+              # its exact noise and real overloads (only [num_buckets]
+              # floats and a few scalars leave the device).
+              keep_own(me, fused[me], reception.wires[me], side[me],
+                       decoded[me], chunk)
+            else:
+              decoded = fusion.decode_senders(codecs, reception.wires, seeds,
+                                              plan, chunk=chunk)
+          with tf.device(reception.device), tf.name_scope("ndq_sum"):
+            totals[r].append(fusion.sum_senders(decoded, mean=mean,
+                                                divisor=divisor))
+
+    results = base.split_results(plan, chunks, totals, devices)
+    if nested:
+      statistics = {}
+      for me, mine in own.items():
+        row = local.index(me)
+        with tf.device(senders[row].device), tf.name_scope("ndq_decode"):
+          values, side, decoded, scales = (
+              base.join(mine[key])
+              for key in ("values", "side", "decoded", "scales"))
+          statistics[me] = nested_state.sender_statistics(
+              codecs[me], None, values, side, decoded, plan,
+              noise_scale=None if noise is None else noise[row],
+              scales=scales)
+      engine.update_nested_state(variables, senders, statistics, plan)
+    engine.record(transport, plan, senders, lossless_values,
+                  payload_bits=32 * payload_words, framing_bits=framing_bits,
+                  link_bits=len(senders) * link_bits)
+    return results
+
+
+EXCHANGE = GatherExchange()
