@@ -223,13 +223,6 @@ def test_all_reduce_refuses_nested_codecs_saying_why():
         transport="all_reduce")
 
 
-def test_auto_with_a_nested_group_gathers():
-  options = options_lib.CompressionOptions(
-      ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3),
-      reference_codec=ndq_tf.DitheredCodec(num_levels=3))
-  assert options.resolve_transport(1024, 1 << 20) == "all_gather"
-
-
 def test_unknown_transport_names_the_choices():
   with pytest.raises(ValueError, match=r"`transport` must be one of 'auto', "
                      r"'all_gather', 'all_reduce'. Received: transport='ring'"):

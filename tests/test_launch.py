@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from ndq_tf import launch
+from ndq_tf.cluster import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(ROOT, "ndq_tf", "launch.py")

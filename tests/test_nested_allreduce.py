@@ -19,7 +19,6 @@ from ndq_tf.distribute import engine as engine_lib
 from ndq_tf.distribute import fusion
 from ndq_tf.distribute import nested_state
 from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
-from ndq_tf.distribute.options import CompressionOptions
 from ndq_tf.distribute.mirrored import MirroredStrategy
 
 import digits_recipe
@@ -136,14 +135,6 @@ class TestArguments:
     assert ops.reference_count(4) == 2
     codecs = ops.options.sender_codecs(4)
     assert codecs == [_reference()] * 2 + [_nested()] * 2
-
-  @pytest.mark.parametrize("fraction, replicas, count", [
-      (0.5, 4, 2), (0.25, 4, 1), (0.01, 4, 1), (0.9, 4, 3), (0.9, 2, 1),
-      (0.5, 3, 2), (1, 4, 1), (3, 4, 3)])
-  def test_reference_count(self, fraction, replicas, count):
-    options = CompressionOptions(_nested(), reference_codec=_reference(),
-                                 reference_group=fraction)
-    assert options.reference_count(replicas) == count
 
   @pytest.mark.parametrize("kwargs, error, match", [
       ({}, ValueError, "side information"),

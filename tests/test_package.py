@@ -25,6 +25,25 @@ def test_import_loads_no_tensorflow():
   assert proc.stdout.strip() == ndq_tf.__version__
 
 
+def test_old_cluster_paths_are_the_moved_modules_and_warn():
+  code = ("import warnings\n"
+          "warnings.simplefilter('always')\n"
+          "import ndq_tf.launch, ndq_tf.distribute.tf_config, "
+          "ndq_tf.distribute.startup_watchdog, ndq_tf.cluster as c\n"
+          "import sys\n"
+          "for old, new in (('ndq_tf.launch', c.launch), "
+          "('ndq_tf.distribute.tf_config', c.tf_config), "
+          "('ndq_tf.distribute.startup_watchdog', c.startup_watchdog)):\n"
+          "  assert sys.modules[old] is new, old\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, timeout=60, cwd=ROOT,
+                        env=dict(os.environ, PYTHONPATH=ROOT))
+  assert proc.returncode == 0, proc.stderr
+  for new in ("ndq_tf.cluster.launch", "ndq_tf.cluster.tf_config",
+              "ndq_tf.cluster.startup_watchdog"):
+    assert "DeprecationWarning: " in proc.stderr and new in proc.stderr
+
+
 @pytest.mark.parametrize("package", [ndq_tf, ndq_tf.distribute],
                          ids=["ndq_tf", "ndq_tf.distribute"])
 def test_every_public_name_resolves_and_is_listed(package):

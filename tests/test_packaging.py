@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import conftest
 import ndq_tf
-from ndq_tf import launch
+from ndq_tf.cluster import launch
 from ndq_tf import version as version_lib
 from ndq_tf.distribute import tf_internals
 
@@ -118,7 +118,7 @@ def test_one_version_source():
 def test_console_script_and_typing_marker():
   project = _pyproject()
   assert project["project"]["scripts"] == {
-      "ndq-tf-launch": "ndq_tf.launch:main"}
+      "ndq-tf-launch": "ndq_tf.cluster.launch:main"}
   assert callable(launch.main)
   assert "py.typed" in project["tool"]["setuptools"]["package-data"]["ndq_tf"]
   assert (ROOT / "ndq_tf" / "py.typed").exists()

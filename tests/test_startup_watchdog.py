@@ -1,4 +1,4 @@
-"""Tests of `ndq_tf.distribute.startup_watchdog` with real processes, no TF.
+"""Tests of `ndq_tf.cluster.startup_watchdog` with real processes, no TF.
 
 Every guarded process is a child Python program in isolated mode (`-I`) that
 loads the module by path, so neither it nor its watcher imports TensorFlow;
@@ -18,7 +18,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from ndq_tf.distribute import startup_watchdog
+from ndq_tf.cluster import startup_watchdog
 
 FOLDER = os.path.dirname(os.path.abspath(startup_watchdog.__file__))
 TASK1 = "/job:worker/task:1"

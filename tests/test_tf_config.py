@@ -8,7 +8,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from ndq_tf.distribute import tf_config
+from ndq_tf.cluster import tf_config
 
 TWO_WORKERS = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
 

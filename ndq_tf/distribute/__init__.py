@@ -1,8 +1,8 @@
 """Compressed all-reduce for `tf.distribute` strategies.
 
 The names below are imported at first use (`ndq_tf._lazy`), so that the
-standard-library modules of this package (`tf_config`, `startup_watchdog`)
-load without TensorFlow.
+old paths of the standard-library modules now in `ndq_tf.cluster`
+(`tf_config`, `startup_watchdog`) load without TensorFlow.
 """
 
 from ndq_tf import _lazy

@@ -9,7 +9,7 @@ owns, for both alike:
   shape) with a static shape, the same shape and dtype on every replica,
   at least `min_elements` elements, reduced to their own devices, across at
   least two senders, outside `ndq_tf.distribute.uncompressed()`;
-* the fusion plan (`fusion.FusionPlan`) and the seeds: sender `s` at step
+* the fusion plan (`fusion_plan.FusionPlan`) and the seeds: sender `s` at step
   `t` draws its dither from `fold_seed(fold_seed([seed, SEED_TAG], t), s)`;
 * the exchange's fingerprint (`fingerprint`: options, plan, kind), which
   the transports stamp and check beside the step;
@@ -36,7 +36,8 @@ from absl import logging
 from ndq_tf import ops as ndq_ops
 from ndq_tf.distribute import exchanges
 from ndq_tf.distribute import fingerprint
-from ndq_tf.distribute import fusion
+from ndq_tf.distribute import fusion_codec
+from ndq_tf.distribute import fusion_plan
 from ndq_tf.distribute import nested_state
 from ndq_tf.distribute import scope
 from ndq_tf.distribute import telemetry as telemetry_lib
@@ -239,10 +240,10 @@ class ExchangeEngine(tf.Module):
       step: the step counter's value.
       segment: None: the payload's seed; an index: the seed of that codec
         segment of the payload, `fold_seed(seed, segment)`, as
-        `fusion.encode_flat` derives it.
+        `fusion_codec.encode_flat` derives it.
     """
     base = tf.constant([self._options.seed, SEED_TAG], tf.int32)
-    seed = fusion.derive_seed(base, step, sender)
+    seed = fusion_codec.derive_seed(base, step, sender)
     return seed if segment is None else ndq_ops.fold_seed(seed, segment)
 
   def exchange(self, transports, senders, reduce_op, divisor=None,
@@ -271,8 +272,8 @@ class ExchangeEngine(tf.Module):
     mean = _as_reduce_op(reduce_op) == tf.distribute.ReduceOp.MEAN
     num_senders = transports["all_gather"].num_senders
     codecs = options.sender_codecs(num_senders)
-    plan = fusion.FusionPlan.from_tensors(senders[0].tensors,
-                                          codecs[0].bucket_size)
+    plan = fusion_plan.FusionPlan.from_tensors(senders[0].tensors,
+                                               codecs[0].bucket_size)
     with tf.device(self._device):
       step = self.step.read_value()
     kind = options.resolve_transport(num_senders, plan.total_size)

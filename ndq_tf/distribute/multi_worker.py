@@ -30,14 +30,14 @@ from typing import Any
 
 import tensorflow as tf
 
+from ndq_tf.cluster import startup_watchdog
+from ndq_tf.cluster import tf_config
 from ndq_tf.distribute import cross_device_ops
 from ndq_tf.distribute import engine as engine_lib
 from ndq_tf.distribute import fingerprint
 from ndq_tf.distribute import gradient_detection
 from ndq_tf.distribute import options as options_lib
-from ndq_tf.distribute import startup_watchdog
 from ndq_tf.distribute import strategy_state
-from ndq_tf.distribute import tf_config
 from ndq_tf.distribute import tf_internals
 from ndq_tf.distribute import transports
 

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from ndq_tf import theory
-from ndq_tf.distribute import fusion
+from ndq_tf.distribute import fusion_codec
 from ndq_tf.distribute import tf_internals
 
 __all__ = [
@@ -252,8 +252,8 @@ def sender_statistics(codec, wire, values, side_information, decoded,
     noise_scale: adaptive mode: the `float32` `[num_buckets]` noise scales
       the sender encoded this call with (`encode_fused`), for
       `bucket_overloads`; None otherwise.
-    scales: the wire's per-bucket scales (`fusion.wire_scales`), instead
-      of `wire` (None then): an exchange in chunks has one wire per chunk.
+    scales: the wire's per-bucket scales (`fusion_codec.wire_scales`),
+      instead of `wire` (None then): an exchange in chunks has one wire per chunk.
 
   Returns:
     A dict of tensors:
@@ -283,7 +283,7 @@ def sender_statistics(codec, wire, values, side_information, decoded,
         f"`sender_statistics` needs a nested codec (with side "
         f"information). Received: codec={codec!r}.")
   if scales is None:
-    scales = fusion.wire_scales(codec, wire, plan)
+    scales = fusion_codec.wire_scales(codec, wire, plan)
   alpha = float(codec.adaptive_alpha)
   kernel = _statistics_kernel(
       alpha, codec.coarse_ratio, codec.num_levels, plan.bucket_size,

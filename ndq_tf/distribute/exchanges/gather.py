@@ -4,8 +4,8 @@ Every receiver gets every sender's packed `int32` payload (a transport's
 `exchange`: `transports.AllGatherTransport` across workers,
 `transports.DeviceCopyTransport` across devices) and decodes each in
 sender order, with side information for the nested senders
-(`fusion.decode_senders`), then sums them (`fusion.sum_senders`). Every
-codec, nested ones included. Cost (docs/scaling.md): every worker sends its
+(`fusion_codec.decode_senders`), then sums them
+(`fusion_sum.sum_senders`). Every codec, nested ones included. Cost (docs/scaling.md): every worker sends its
 payload, framed by `HEADER_WORDS` words and padded to the longest payload,
 through a ring all-gather; every worker decodes every sender.
 """
@@ -15,7 +15,8 @@ import collections
 import tensorflow as tf
 
 from ndq_tf import theory
-from ndq_tf.distribute import fusion
+from ndq_tf.distribute import fusion_codec
+from ndq_tf.distribute import fusion_sum
 from ndq_tf.distribute import nested_state
 from ndq_tf.distribute.exchanges import base
 from ndq_tf.distribute.transports import all_gather as all_gather_transport
@@ -86,8 +87,8 @@ class GatherExchange(base.Exchange):
       own[me]["values"].append(values)
       own[me]["side"].append(side)
       own[me]["decoded"].append(decoded)
-      own[me]["scales"].append(fusion.wire_scales(codecs[me], wire, plan,
-                                                  chunk))
+      own[me]["scales"].append(fusion_codec.wire_scales(codecs[me], wire,
+                                                        plan, chunk))
     payload_words = framing_bits = link_bits = 0
     for k, chunk in enumerate(chunks):
       with base.chunk_scope(k, len(chunks)):
@@ -95,7 +96,7 @@ class GatherExchange(base.Exchange):
         for row, sender in enumerate(senders):
           with tf.device(sender.device), tf.name_scope("ndq_encode"):
             fused[sender.index] = plan.flatten(sender.tensors, chunk)
-            wires.append(fusion.encode_flat(
+            wires.append(fusion_codec.encode_flat(
                 codecs[sender.index], fused[sender.index],
                 engine.seed(sender.index, step), plan,
                 noise_scale=(noise[row] if noise is not None
@@ -121,7 +122,7 @@ class GatherExchange(base.Exchange):
           with tf.device(first.device), tf.name_scope("ndq_decode"), \
               tf.control_dependencies(first.checks):
             seeds = [engine.seed(i, step) for i in range(num_senders)]
-            decoded, side = fusion.decode_senders(
+            decoded, side = fusion_codec.decode_senders(
                 codecs, first.wires, seeds, plan,
                 return_side_information=True, chunk=chunk,
                 devices=[x.device for x in sorted(senders,
@@ -130,8 +131,8 @@ class GatherExchange(base.Exchange):
               keep_own(me, fused[me], first.wires[me], side[me],
                        decoded[me], chunk)
           with tf.device(first.device), tf.name_scope("ndq_sum"):
-            totals[0].append(fusion.sum_senders(decoded, mean=mean,
-                                                divisor=divisor))
+            totals[0].append(fusion_sum.sum_senders(decoded, mean=mean,
+                                                    divisor=divisor))
           continue
         for r, reception in enumerate(receptions):
           devices[r] = reception.device
@@ -145,7 +146,7 @@ class GatherExchange(base.Exchange):
                      for i in range(num_senders)]
             me = reception.local_sender
             if me in nested:
-              decoded, side = fusion.decode_senders(
+              decoded, side = fusion_codec.decode_senders(
                   codecs, reception.wires, seeds, plan,
                   return_side_information=True, chunk=chunk)
               # The nested sender on this device knows its true gradient:
@@ -154,11 +155,11 @@ class GatherExchange(base.Exchange):
               keep_own(me, fused[me], reception.wires[me], side[me],
                        decoded[me], chunk)
             else:
-              decoded = fusion.decode_senders(codecs, reception.wires, seeds,
-                                              plan, chunk=chunk)
+              decoded = fusion_codec.decode_senders(
+                  codecs, reception.wires, seeds, plan, chunk=chunk)
           with tf.device(reception.device), tf.name_scope("ndq_sum"):
-            totals[r].append(fusion.sum_senders(decoded, mean=mean,
-                                                divisor=divisor))
+            totals[r].append(fusion_sum.sum_senders(decoded, mean=mean,
+                                                    divisor=divisor))
 
     results = base.split_results(plan, chunks, totals, devices)
     if nested:

@@ -1,0 +1,133 @@
+"""Tests of `ndq_tf.distribute.exchanges`: what every exchange declares.
+
+Pure Python and a few codecs: no devices, no strategies. The bits of the
+cost model against the tensors really sent are in test_exchange_cost.py.
+"""
+
+import warnings
+
+import pytest
+
+import ndq_tf
+from ndq_tf import theory
+from ndq_tf.distribute import exchanges
+from ndq_tf.distribute import options as options_lib
+from ndq_tf.distribute import telemetry
+from ndq_tf.distribute.transports import all_gather
+from ndq_tf.distribute.transports import collective_sum
+
+
+def test_one_list_of_names_for_options_theory_and_telemetry():
+  assert exchanges.NAMES == ("all_gather", "all_reduce")
+  assert options_lib.TRANSPORTS == ("auto",) + exchanges.NAMES
+  assert theory.TRANSPORTS[:len(exchanges.NAMES)] == exchanges.NAMES
+  assert telemetry.TRANSPORT_NAMES == exchanges.NAMES
+  assert [exchanges.get(n).name for n in exchanges.NAMES] == list(
+      exchanges.NAMES)
+
+
+def test_unknown_name_lists_the_valid_ones():
+  with pytest.raises(ValueError, match="'all_gather', 'all_reduce'.*ring"):
+    exchanges.get("ring")
+
+
+def test_framing_is_the_transports_own():
+  assert exchanges.get("all_gather").framing_words == all_gather.HEADER_WORDS
+  assert (exchanges.get("all_reduce").framing_words ==
+          collective_sum.STAMP_WORDS)
+
+
+def test_old_framing_constants_are_deprecated_aliases():
+  with pytest.warns(DeprecationWarning, match="HEADER_WORDS"):
+    assert theory.ALL_GATHER_HEADER_WORDS == all_gather.HEADER_WORDS
+  with pytest.warns(DeprecationWarning, match="STAMP_WORDS"):
+    assert theory.ALL_REDUCE_STAMP_WORDS == collective_sum.STAMP_WORDS
+
+
+@pytest.mark.parametrize("codec, form", [
+    (ndq_tf.DitheredCodec(1), "codes"),
+    (ndq_tf.HalfDitheredCodec(1), "codes"),
+    (ndq_tf.QSGDCodec(), "codes"),
+    (ndq_tf.TernGradCodec(), "codes"),
+    (ndq_tf.Float16Codec(), "float16"),
+    (ndq_tf.Float32Codec(), "float32"),
+    (ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3), None),
+])
+def test_codec_declares_how_its_codes_add_up(codec, form):
+  assert codec.summed_form() == form
+  assert theory.summed_form(codec) == form
+  assert theory.codes_add_up(codec) == (form is not None)
+
+
+def test_a_subclass_is_not_summed_unless_it_declares_it():
+
+  class Undeclared(ndq_tf.DitheredCodec):
+    pass
+
+  class Declared(ndq_tf.DitheredCodec):
+    SUMMED_FORM = "codes"
+
+  assert Undeclared().summed_form() is None
+  assert Declared().summed_form() == "codes"
+
+
+def test_refusal_says_why_and_options_raise_it():
+  nested = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)
+  summed = exchanges.get("all_reduce")
+  assert summed.refusal(ndq_tf.DitheredCodec(1), nested=False) is None
+  assert "residues" in summed.refusal(nested, nested=True)
+  assert exchanges.get("all_gather").refusal(nested, nested=True) is None
+  with pytest.raises(ValueError, match="all_reduce' cannot sum.*residues"):
+    options_lib.CompressionOptions(nested, transport="all_reduce",
+                                   reference_codec=ndq_tf.DitheredCodec(3))
+
+  class Undeclared(ndq_tf.DitheredCodec):
+    pass
+
+  with pytest.raises(ValueError, match="all_reduce' cannot sum.*only the"):
+    options_lib.CompressionOptions(Undeclared(), transport="all_reduce")
+
+
+def test_theory_wrappers_are_the_exchanges_model():
+  codec = ndq_tf.DitheredCodec(num_levels=1)
+  for p in (2, 8, 64):
+    for name in exchanges.NAMES:
+      assert theory.exchange_bits(codec, 2**20, p, name) == (
+          exchanges.exchange_bits(codec, 2**20, p, name))
+      assert exchanges.get(name).bits([codec] * p, 2**20, p) == (
+          exchanges.exchange_bits(codec, 2**20, p, name))
+    assert theory.auto_transport(codec, 2**20, p) == exchanges.auto(
+        codec, 2**20, p)
+
+
+@pytest.mark.parametrize("p", [2, 8, 64])
+def test_decode_work_per_worker(p):
+  n = 1000
+  codec = ndq_tf.DitheredCodec(num_levels=1)
+  # All-gather: encode once, decode (and draw the dither of) every sender.
+  assert exchanges.exchange_work(codec, n, p, "all_gather") == (
+      exchanges.base.Work(dither_draws=(p + 1) * n, decodes=p))
+  # Integer sum: encode once, one decode that subtracts every dither.
+  assert exchanges.exchange_work(codec, n, p, "all_reduce") == (
+      exchanges.base.Work(dither_draws=(p + 1) * n, decodes=1))
+  # Float values through a float ring: nothing drawn, nothing decoded.
+  assert exchanges.exchange_work(ndq_tf.Float16Codec(), n, p,
+                                 "all_reduce") == exchanges.base.Work(0, 0)
+  # TernGrad draws to encode only.
+  assert exchanges.exchange_work(ndq_tf.TernGradCodec(), n, p,
+                                 "all_reduce") == exchanges.base.Work(n, 1)
+
+
+def test_work_of_codecs_an_exchange_refuses_raises():
+  nested = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)
+  with pytest.raises(ValueError, match="residues"):
+    exchanges.exchange_work(nested, 10, 2, "all_reduce")
+
+
+def test_bits_summary_lists_the_exchanges_that_carry_the_codec():
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    text = exchanges.bits_summary([ndq_tf.DitheredCodec(1)] * 4, 4096, 4)
+  assert text.startswith("all_gather ") and ", all_reduce " in text
+  nested = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)
+  assert "all_reduce" not in exchanges.bits_summary([nested] * 4, 4096, 4)
