@@ -60,10 +60,10 @@ class DeprecatedTelemetry:
 
   @property
   def wire_bits_per_element(self):
-    """Deprecated: `stats()["wire_bits_per_element"]`."""
+    """Deprecated: `stats()["sent_bits_per_element"]`."""
     _deprecated("wire_bits_per_element",
-                '`stats()["wire_bits_per_element"]`')
-    return self.stats()["wire_bits_per_element"]
+                '`stats()["sent_bits_per_element"]`')
+    return self.stats()["sent_bits_per_element"]
 
 
 @keras.saving.register_keras_serializable(package="ndq_tf")

@@ -13,7 +13,8 @@ replicas: every replica is a sender) or one worker of a multi-worker job
 
 Keys (all of the last compressed exchange):
 
-* `step`: compressed exchanges so far (the dither's step counter).
+* `exchange_count`: compressed exchanges so far (the value of the dither's
+  step counter; not a quantizer's step).
 * `transport`: how the last exchange travelled, `"all_gather"` or
   `"all_reduce"` (what `transport="auto"` picked); before the first
   exchange, the option as given.
@@ -25,21 +26,26 @@ Keys (all of the last compressed exchange):
   width, once per local sender.
   For `"all_reduce"`, the payload is what a sender puts into the sum: its
   lanes of codes and its scales (plus the step stamps as framing).
-* `payload_bits`: the codec payloads alone, all local senders.
-* `link_bits`: what the local senders' links carry for this exchange by
-  the cost model (`ndq_tf.theory.exchange_bits`: `(P - 1)` framed rows
+* `payload_bits`: the codec payloads alone, all local senders (measured,
+  like `sent_bits`).
+* `model_link_bits`: what the local senders' links carry for this exchange
+  by the cost model, not measured (`ndq_tf.theory.exchange_bits`: `(P - 1)` framed rows
   for `"all_gather"`, `2(P - 1)/P` payloads for `"all_reduce"`; the
   lossless tensors as a float ring, `2(P - 1)/P` of their bits).
 * `compressed_elements`, `lossless_elements`: gradient elements per sender
   in the call that were compressed, and that travelled losslessly beside
   them (small tensors, `IndexedSlices`, integers; sparse values counted by
   their runtime size).
-* `wire_bits_per_element`: `sent_bits` per local sender and element of the
+* `sent_bits_per_element`: `sent_bits` per local sender and element of the
   call (compressed and lossless): 32 for float32 everywhere.
 * `compression_ratio`: float32 bits of the same elements / `sent_bits`.
 * `link_compression_ratio`: what a float32 ring all-reduce of the same
-  elements carries (`2(P - 1)/P·32` bits each) / `link_bits`: the traffic
-  saved against TF's own all-reduce, whatever the transport.
+  elements carries (`2(P - 1)/P·32` bits each) / `model_link_bits`: the
+  traffic saved against TF's own all-reduce, whatever the transport.
+
+Deprecated keys, kept for one release (`DEPRECATED_KEYS`; reading one warns
+and names its replacement): `step` (`exchange_count`), `link_bits`
+(`model_link_bits`), `wire_bits_per_element` (`sent_bits_per_element`).
 
 Counted since the strategy was built (not only the last exchange):
 
@@ -72,24 +78,35 @@ reference worker: zeros):
   without nested senders here.
 """
 
+import warnings
+
 import tensorflow as tf
 
 from ndq_tf.distribute import exchanges
 from ndq_tf.distribute import tf_internals
 
 __all__ = [
+    "DEPRECATED_KEYS",
     "KEYS",
     "NESTED_KEYS",
     "TRANSPORT_NAMES",
+    "Stats",
     "Telemetry",
     "lossless_size",
 ]
 
-KEYS = ("step", "transport", "senders", "local_senders", "sent_bits",
-        "payload_bits", "link_bits", "compressed_elements",
-        "lossless_elements", "wire_bits_per_element", "compression_ratio",
+KEYS = ("exchange_count", "transport", "senders", "local_senders",
+        "sent_bits", "payload_bits", "model_link_bits", "compressed_elements",
+        "lossless_elements", "sent_bits_per_element", "compression_ratio",
         "link_compression_ratio", "uncompressed_gradient_reductions",
         "lossless_fallbacks", "unrecognised_gradient_steps")
+
+#: Old keys of `Telemetry.result` and their replacements (one release).
+DEPRECATED_KEYS = {
+    "step": "exchange_count",
+    "link_bits": "model_link_bits",
+    "wire_bits_per_element": "sent_bits_per_element",
+}
 
 #: The transports an exchange reports, by their code in the telemetry.
 TRANSPORT_NAMES = exchanges.NAMES
@@ -202,13 +219,13 @@ class Telemetry(tf.Module):
       step: the exchange's step counter (an int), reported as `step`.
     """
     value = {k: int(v.numpy()) for k, v in self._counters.items()}
-    out = {"step": int(step), "transport": self.transport}
+    out = Stats(exchange_count=int(step), transport=self.transport)
     for key in _COUNTERS + _CUMULATIVE:
-      out[key] = value[key]
+      out["model_link_bits" if key == "link_bits" else key] = value[key]
     elements = value["compressed_elements"] + value["lossless_elements"]
     per_sender = elements * value["local_senders"]
     sent = value["sent_bits"]
-    out["wire_bits_per_element"] = (sent / per_sender if per_sender
+    out["sent_bits_per_element"] = (sent / per_sender if per_sender
                                     else float("nan"))
     out["compression_ratio"] = 32 * per_sender / sent if sent else float(
         "nan")
@@ -226,7 +243,24 @@ class Telemetry(tf.Module):
       buckets = value["nested_buckets"]
       out["fallback_fraction"] = (value["fallback_buckets"] / buckets
                                   if buckets else 0.0)
+    for old, new in DEPRECATED_KEYS.items():
+      dict.__setitem__(out, old, out[new])
     return out
+
+
+class Stats(dict):
+  """The dict of `Telemetry.result`; its deprecated keys warn when read."""
+
+  def __getitem__(self, key):
+    if key in DEPRECATED_KEYS:
+      warnings.warn(
+          f"The telemetry key {key!r} is deprecated and will be removed in "
+          f"the next release; use {DEPRECATED_KEYS[key]!r} instead.",
+          DeprecationWarning, stacklevel=2)
+    return super().__getitem__(key)
+
+  def get(self, key, default=None):
+    return self[key] if key in self else default
 
 
 def lossless_size(lossless_values):

@@ -50,9 +50,10 @@ class CompressionStats(keras.callbacks.Callback):
   """Adds the all-reduce's wire statistics to the Keras logs.
 
   After every training batch and epoch, adds to `logs`:
-  * `wire_bits_per_element`: bits every replica sent per gradient element in
+  * `sent_bits_per_element`: bits every replica sent per gradient element in
     the last step (codec payloads plus the small tensors sent losslessly);
-    32 for plain float32.
+    32 for plain float32. Also as `wire_bits_per_element`, its deprecated
+    name, for one release.
   * `compression_ratio`: float32 bits / wire bits of the last step.
   * `link_compression_ratio`: what TF's float32 ring all-reduce would put
     on the links for the same elements / what this exchange's transport
@@ -204,7 +205,8 @@ class CompressionStats(keras.callbacks.Callback):
             f"min_elements={engine.options.min_elements} elements, or was "
             "built inside ndq_tf.distribute.uncompressed().",
             RuntimeWarning, stacklevel=2)
-      logs[self._prefix + "wire_bits_per_element"] = 32.0
+      logs[self._prefix + "sent_bits_per_element"] = 32.0
+      logs[self._prefix + "wire_bits_per_element"] = 32.0  # Deprecated.
       logs[self._prefix + "compression_ratio"] = 1.0
       return
     stats = engine.stats()
@@ -212,11 +214,14 @@ class CompressionStats(keras.callbacks.Callback):
       self._transport = stats["transport"]
       logging.info("CompressionStats: gradients travel by %r.",
                    self._transport)
-    for key in ("wire_bits_per_element", "compression_ratio",
+    for key in ("sent_bits_per_element", "compression_ratio",
                 "link_compression_ratio", "overload_rate",
                 "fallback_fraction"):
       if key in stats and math.isfinite(stats[key]):
         logs[self._prefix + key] = stats[key]
+    if self._prefix + "sent_bits_per_element" in logs:  # Deprecated name.
+      logs[self._prefix + "wire_bits_per_element"] = logs[
+          self._prefix + "sent_bits_per_element"]
     rate = stats.get("overload_rate", 0.0)
     # The automatic mode reacts to overloads itself (its first steps, and a
     # step whose noise jumps, overload more): warn about the fixed mode.
