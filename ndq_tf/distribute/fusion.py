@@ -41,10 +41,11 @@ Every receiver decodes every sender's wire, in the order the wires are given
 re-associated differently by Grappler on different devices, so that the
 last bits differ; `reduce_sum` over a stacked axis is one kernel with one
 order (tests/test_mirrored.py checks the replicas bit for bit): every
-receiver obtains bitwise the same sum, so mirrored variables stay identical. Senders whose codec needs side information (nested codecs) are
-decoded with side information = the mean of everything decoded before them,
-so put the reference senders first (the paper's Algorithm 2); this ordering
-rule lives only in `decode_senders`, which can also return the side
+receiver obtains bitwise the same sum, so mirrored variables stay identical.
+Senders whose codec needs side information (nested codecs) are decoded with
+side information = the mean of everything decoded before them, so put the
+reference senders first (the paper's Algorithm 2); this ordering rule lives
+only in `decode_senders`, which can also return the side
 information of every sender (`return_side_information=True`) for the
 nested senders' own noise measurement; `encode_fused(..., noise_scale=σ)`
 passes the per-bucket noise scales to an adaptive nested codec, and

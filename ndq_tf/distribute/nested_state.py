@@ -253,7 +253,8 @@ def sender_statistics(codec, wire, values, side_information, decoded,
       the sender encoded this call with (`encode_fused`), for
       `bucket_overloads`; None otherwise.
     scales: the wire's per-bucket scales (`fusion_codec.wire_scales`),
-      instead of `wire` (None then): an exchange in chunks has one wire per chunk.
+      instead of `wire` (None then): an exchange in chunks has one wire per
+      chunk.
 
   Returns:
     A dict of tensors:

@@ -5,9 +5,10 @@ Every receiver gets every sender's packed `int32` payload (a transport's
 `transports.DeviceCopyTransport` across devices) and decodes each in
 sender order, with side information for the nested senders
 (`fusion_codec.decode_senders`), then sums them
-(`fusion_sum.sum_senders`). Every codec, nested ones included. Cost (docs/scaling.md): every worker sends its
-payload, framed by `HEADER_WORDS` words and padded to the longest payload,
-through a ring all-gather; every worker decodes every sender.
+(`fusion_sum.sum_senders`). Every codec, nested ones included. Cost
+(docs/scaling.md): every worker sends its payload, framed by `HEADER_WORDS`
+words and padded to the longest payload, through a ring all-gather; every
+worker decodes every sender.
 """
 
 import collections
