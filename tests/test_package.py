@@ -11,6 +11,13 @@ import ndq_tf
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _python(code):
+  """Runs `code` in a fresh interpreter with this checkout on its path."""
+  return subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, timeout=60, cwd=ROOT,
+                        env=dict(os.environ, PYTHONPATH=ROOT))
+
+
 def test_import_loads_no_tensorflow():
   code = ("import sys, ndq_tf, ndq_tf.distribute, ndq_tf.launch, "
           "ndq_tf.distribute.tf_config, ndq_tf.distribute.startup_watchdog\n"
@@ -18,9 +25,7 @@ def test_import_loads_no_tensorflow():
           "('tensorflow', 'keras', 'numpy')]\n"
           "assert not heavy, heavy\n"
           "print(ndq_tf.__version__)")
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                        text=True, timeout=60, cwd=ROOT,
-                        env=dict(os.environ, PYTHONPATH=ROOT))
+  proc = _python(code)
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.strip() == ndq_tf.__version__
 
@@ -35,9 +40,7 @@ def test_old_cluster_paths_are_the_moved_modules_and_warn():
           "('ndq_tf.distribute.tf_config', c.tf_config), "
           "('ndq_tf.distribute.startup_watchdog', c.startup_watchdog)):\n"
           "  assert sys.modules[old] is new, old\n")
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                        text=True, timeout=60, cwd=ROOT,
-                        env=dict(os.environ, PYTHONPATH=ROOT))
+  proc = _python(code)
   assert proc.returncode == 0, proc.stderr
   for new in ("ndq_tf.cluster.launch", "ndq_tf.cluster.tf_config",
               "ndq_tf.cluster.startup_watchdog"):
