@@ -27,7 +27,7 @@ import tensorflow as tf
 
 import multi_worker_job
 import ndq_tf
-from ndq_tf import launch
+from ndq_tf.cluster import launch
 from ndq_tf.distribute import fingerprint
 from ndq_tf.distribute import options as options_lib
 from ndq_tf.distribute.transports import all_gather

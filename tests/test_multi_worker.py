@@ -347,14 +347,14 @@ def test_bad_tf_config_gives_clear_error():
   for case, (entry, received) in BAD_TF_CONFIG.items():
     outcome = outcomes[case]
     assert outcome["error"] == "ValueError", outcome
-    # Raised by the validation (ndq_tf.distribute.tf_config), not by TF.
+    # Raised by the validation (ndq_tf.cluster.tf_config), not by TF.
     assert outcome["origin"] == "tf_config.py", outcome
     assert entry in outcome["message"], outcome
     assert received in outcome["message"], outcome
 
 
 def test_missing_worker_fails_clearly_instead_of_hanging():
-  from ndq_tf import launch  # pylint: disable=g-import-not-at-top
+  from ndq_tf.cluster import launch  # pylint: disable=g-import-not-at-top
   ports = launch.find_free_ports(2)
   env = _env()
   # Worker 1 is never started.

@@ -1,4 +1,4 @@
-"""Tests of `ndq_tf.distribute.tf_config`: malformed TF_CONFIGs are named."""
+"""Tests of `ndq_tf.cluster.tf_config`: malformed TF_CONFIGs are named."""
 
 import json
 import os
