@@ -466,7 +466,7 @@ class ExchangeEngine(tf.Module):
           statistics[me] = nested_state.sender_statistics(
               codecs[me], None, values, side, decoded, plan,
               noise_scale=None if noise is None else noise[row],
-              scales=scales)
+              scales=scales, seed=self.seed(me, step))
       self._update_nested_state(variables, senders, statistics, plan)
     self._record(transport, plan, senders, lossless_values,
                  payload_bits=32 * payload_words, framing_bits=framing_bits,
