@@ -13,6 +13,9 @@ test accuracy, wire bits and the nested senders' overload telemetry to
   adaptive_mmse     the automatic mode with alpha="mmse"
   fixed_p1          fixed mode, only replica 0 sends DQSG M=3
   adaptive_p1       automatic mode, only replica 0 sends DQSG M=3
+  dqsg1_rot         dqsg1 with rotation="hadamard"
+  fixed_rot         fixed, the nested codec with rotation="hadamard"
+  adaptive_rot      adaptive, the nested codec with rotation="hadamard"
 
 The seed is Keras' (weights, batch order) and the dither's, so the runs of
 one seed differ only by their codecs. The bits are `wire_bits_per_element`
@@ -60,6 +63,14 @@ RUNS = collections.OrderedDict([
                   {"reference_replicas": 1, "adaptive": False})),
     ("adaptive_p1", ("NDQSG (3,3) automatic, P1 = 1 of 4",
                      {"reference_replicas": 1, "adaptive": True})),
+    ("dqsg1_rot", ("DQSG M=1 (ternary) rotated, all replicas",
+                   {"codec": "dqsg:num_levels=1,rotation=hadamard"})),
+    ("fixed_rot", ("NDQSG (3,3) rotated, fixed, P1 = 2 of 4",
+                   {"reference_replicas": 2, "adaptive": False,
+                    "rotation": "hadamard"})),
+    ("adaptive_rot", ("NDQSG (3,3) rotated, automatic, P1 = 2 of 4",
+                      {"reference_replicas": 2, "adaptive": True,
+                       "rotation": "hadamard"})),
 ])
 
 _RUNS = flags.DEFINE_list("runs", list(RUNS), f"A subset of {list(RUNS)}.")
@@ -77,7 +88,8 @@ def _strategy(run, seed, devices):
     return ndq_tf.MirroredStrategy(codec=ndq_tf.codecs.get(args["codec"]),
                                    devices=devices, seed=seed)
   codec = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3,
-                                     alpha=args.pop("alpha", 1.0))
+                                     alpha=args.pop("alpha", 1.0),
+                                     rotation=args.pop("rotation", None))
   return ndq_tf.MirroredStrategy(
       codec=codec, reference_codec=ndq_tf.DitheredCodec(num_levels=3),
       devices=devices, seed=seed, **args)
@@ -149,7 +161,7 @@ def _report(results, seeds):
           f"{statistics.mean(r[key] for r in per_seed.values()):{fmt}}"
           for key, fmt in (("overload_rate", ".2e"),
                            ("overload_probability", ".2e"),
-                           ("fallback", ".0%")))
+                           ("fallback", ".1%")))
     else:
       overload = "— | — | —"
     delta = (f"{100 * statistics.mean(gaps):+.2f} pt "
@@ -182,7 +194,7 @@ def main(argv):
             f"{r['bits']:.3f}" + (
                 f", overload {r['overload_rate']:.2e} (Gaussian "
                 f"{r['overload_probability']:.2e}), fallback "
-                f"{r['fallback']:.0%}" if "overload_rate" in r else "")
+                f"{r['fallback']:.1%}" if "overload_rate" in r else "")
             + f" ({r['seconds']:.0f} s)", flush=True)
   report = _report(results, seeds)
   print(report)

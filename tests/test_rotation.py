@@ -374,12 +374,79 @@ def test_summing_methods_need_a_shared_rotation_seed():
     plain.bucket_scales(x, rotation_seed=SEED)
 
 
-def test_nested_groups_refuse_a_rotated_nested_codec():
-  with pytest.raises(ValueError, match="rotation"):
-    ndq_tf.MirroredStrategy(codec=ROTATED["ndqsg"],
-                            reference_codec=ndq_tf.DitheredCodec(
-                                num_levels=3, bucket_size=64),
-                            devices=_devices())
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_nested_groups_count_a_rotated_nested_codec_in_its_rotated_domain(
+    adaptive):
+  """Overloads and noise scales of rotated NDQSG senders, rotated domain.
+
+  Two DQSG reference replicas, two rotated NDQSG ones; the ground truth
+  is rebuilt from the seeds: a coefficient of a nested bucket overloaded
+  exactly when its rotated error exceeds half its fine step (α = 1), and
+  every coefficient counts (a rotated bucket is sent whole, padding too).
+  """
+  d = 64
+  codec = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3,
+                                     bucket_size=d, rotation="hadamard")
+  reference = ndq_tf.DitheredCodec(num_levels=3, bucket_size=d)
+  cross = ndq_tf.distribute.CompressedAllReduce(
+      codec, reference_codec=reference, reference_replicas=2,
+      adaptive=adaptive, min_elements=64, seed=STRATEGY_SEED)
+  strategy = ndq_tf.MirroredStrategy(cross_device_ops=cross,
+                                     devices=_devices())
+  rng = np.random.default_rng(11)
+  common = rng.standard_t(3, size=8 * d - 20)  # a partial last bucket
+  plan = fusion.FusionPlan.from_tensors([tf.constant(common, tf.float32)], d)
+  noise = None
+  for step in range(3 if adaptive else 1):
+    grads = (common + rng.normal(size=[NUM_REPLICAS, common.size])
+             ).astype(np.float32)
+    if step:  # What the nested senders encode this call with.
+      ((_, (scale, gain)),) = cross.engine.nested_state.items()
+      noise = (scale.numpy() * gain.numpy())[2:]
+    got = _reduce(strategy, grads)
+    for g in got[1:]:
+      np.testing.assert_array_equal(g, got[0])
+  stats = cross.stats()
+  base = tf.constant([STRATEGY_SEED, engine_lib.SEED_TAG], tf.int32)
+  seeds = [fusion.derive_seed(base, step, k) for k in range(NUM_REPLICAS)]
+  codecs = [reference] * 2 + [codec] * 2
+  wires = [fusion.encode_fused(
+      c, [tf.constant(g)], s, plan,
+      noise_scale=None if noise is None or p < 2 else noise[p - 2])
+           for p, (c, g, s) in enumerate(zip(codecs, grads, seeds))]
+  decoded, side = fusion.decode_senders(codecs, wires, seeds, plan,
+                                        return_side_information=True)
+  fused = [plan.flatten([tf.constant(g)]) for g in grads]
+  overloads, sigma = 0, []
+  for p in (2, 3):
+    signs = rotation_ops.rotation_signs(ops.fold_seed(seeds[p], 0),
+                                        plan.total_size // d, d, tf.float32)
+    rotated = [rotation_ops.rotate(tf.reshape(v, [-1, d]), signs).numpy()
+               for v in (fused[p], side[p], decoded[p])]
+    scales = fusion.wire_scales(codec, wires[p], plan).numpy()
+    fine = scales[:, None] / codec.num_levels
+    wrong = np.abs(rotated[2] - rotated[0]) > fine * (0.5 + 1e-3)
+    overloads += int(np.sum(wrong[scales > 0]))  # Not the DQSG fallbacks.
+    sigma.append(np.sqrt(np.mean((rotated[0] - rotated[1])**2, axis=1))
+                 / rotation_ops.domain_gain(d))
+  nested = sum(int(np.sum(fusion.wire_scales(codec, wires[p], plan).numpy()
+                          > 0)) for p in (2, 3))
+  assert stats["nested_elements"] == d * nested
+  assert stats["overloads"] == overloads
+  assert stats["fallback_fraction"] == 1 - nested / (2 * plan.total_size // d)
+  print(f"adaptive={adaptive}: {nested} nested buckets, {overloads} "
+        f"overloads, stats {stats}")
+  if not adaptive:
+    assert overloads > 0 and nested == 2 * plan.total_size // d
+  else:
+    assert nested > 0  # After the first call's DQSG fallback.
+  ((_, (scale, _)),) = cross.engine.nested_state.items()
+  if not adaptive:  # The adaptive mode keeps an envelope of them.
+    np.testing.assert_allclose(scale.numpy()[2:], sigma, rtol=1e-5)
+  # Orthogonal: the rotated RMS over a bucket is the unrotated one over d.
+  z = [(fused[p] - side[p]).numpy().reshape(-1, d) for p in (2, 3)]
+  np.testing.assert_allclose(sigma, np.sqrt(np.mean(np.square(z), axis=2)),
+                             rtol=1e-5)
 
 
 # -- The integer all-reduce under MirroredStrategy --------------------------

@@ -27,9 +27,11 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from ndq_tf import ops as ndq_ops
 from ndq_tf import theory
 from ndq_tf.distribute import fusion_codec
 from ndq_tf.distribute import tf_internals
+from ndq_tf.ops import rotation_ops
 
 __all__ = [
     "NOISE_GAIN_RANGE",
@@ -142,7 +144,9 @@ def update(state, statistics, plan, target, adaptive):
   measured = statistics["noise_scale"]
   if not adaptive:
     return NoiseState(measured, state.gain)
-  counts = tf.constant(plan.bucket_counts().astype("float32"))
+  counts = statistics.get("bucket_elements")
+  if counts is None:
+    counts = tf.constant(plan.bucket_counts().astype("float32"))
   return NoiseState(
       next_noise_scale(state.scale, measured),
       next_noise_gain(state.gain, statistics["bucket_overloads"], counts,
@@ -228,7 +232,7 @@ class NestedStateStore(tf.Module):
 
 
 def sender_statistics(codec, wire, values, side_information, decoded,
-                      plan, noise_scale=None, scales=None):
+                      plan, noise_scale=None, scales=None, seed=None):
   """What a nested sender learns by decoding its own wire, with ground truth.
 
   Overload is silent at the receivers, but the sender knows its own gradient
@@ -241,6 +245,15 @@ def sender_statistics(codec, wire, values, side_information, decoded,
   overload, so `j = round((α²z - (ĝ - y))/(α·δ2))` (exact: the rounding
   has a margin of `1/2 - 1/(2k)` cells). Only real elements (not the
   padding) count; DQSG-fallback buckets (negative scale) cannot overload.
+
+  A rotated codec (`codec.rotation`) codes and overloads in the rotated
+  domain, so everything is counted there: `values`, `side_information` and
+  `decoded` are rotated with the sender's signs (those of `seed`, as its
+  encoder drew them) and all `d` coefficients of a bucket count, the
+  padding's too (a rotated bucket is sent whole). `noise_scale` stays in
+  the orthonormal units the codec takes (`rotate`'s output divided by
+  `rotation_ops.domain_gain`); its squared sum over a bucket is the
+  unrotated one's (the rotation is orthogonal).
 
   Args:
     codec: the sender's nested codec (`needs_side_information`).
@@ -255,6 +268,8 @@ def sender_statistics(codec, wire, values, side_information, decoded,
     scales: the wire's per-bucket scales (`fusion_codec.wire_scales`),
       instead of `wire` (None then): an exchange in chunks has one wire per
       chunk.
+    seed: the sender's shape-`[2]` seed of this call (the one given to
+      `fusion_codec.encode_flat`); needed, and only used, with a rotation.
 
   Returns:
     A dict of tensors:
@@ -274,55 +289,81 @@ def sender_statistics(codec, wire, values, side_information, decoded,
       the exact `z`: `Σ_i clip((α|z_i| - (k - 1)·δ1_b/2)/δ1_b, 0, 1)`
       (the probability that `|α·z_i + e| >= k·δ1_b/2` for
       `e ~ U[-δ1_b/2, δ1_b/2]`); NaN where that step is not positive and
-      finite. All NaN without `noise_scale`.
+      finite. All NaN without `noise_scale`;
+    * `bucket_elements`: `float32` `[num_buckets]`, the elements counted
+      per bucket (`plan.bucket_counts()`; `d` everywhere when rotated), the
+      adaptive gains' goal.
 
   Raises:
-    ValueError: if `codec` is not nested or the plan has no buckets.
+    ValueError: if `codec` is not nested or the plan has no buckets, or
+      `seed` is missing for a rotated codec.
   """
   if not getattr(codec, "needs_side_information", False):
     raise ValueError(
         f"`sender_statistics` needs a nested codec (with side "
         f"information). Received: codec={codec!r}.")
+  rotated = getattr(codec, "rotation", None) is not None
+  if rotated and seed is None:
+    raise ValueError(
+        f"`sender_statistics` of a rotated codec needs the sender's `seed` "
+        f"(its rotation's signs). Received: seed=None for codec={codec!r}.")
   if scales is None:
     scales = fusion_codec.wire_scales(codec, wire, plan)
   alpha = float(codec.adaptive_alpha)
   kernel = _statistics_kernel(
       alpha, codec.coarse_ratio, codec.num_levels, plan.bucket_size,
       theory.auto_nested_step_ratio(codec.coarse_ratio,
-                                    codec.overload_target, alpha))
-  counts = plan.bucket_counts()
+                                    codec.overload_target, alpha),
+      rotated)
   num_buckets = plan.total_size // plan.bucket_size
+  if rotated:
+    counts = np.full([num_buckets], plan.bucket_size, np.float32)
+    # One segment, the whole buffer: the seed `fusion_codec.encode_flat` folds.
+    extra = (ndq_ops.fold_seed(seed, 0),)
+  else:
+    counts = plan.bucket_counts().astype(np.float32)
+    extra = ()
   if noise_scale is None:
     noise_scale = tf.fill([num_buckets], float("nan"))
+  counts = tf.constant(counts)
   (sigma, overloads, nested_elements, expected, fallback,
    bucket_overloads) = kernel(
        tf.cast(values, tf.float32), side_information, decoded, scales,
-       plan.padding_mask(), tf.constant(counts.astype(np.float32)),
-       tf.cast(noise_scale, tf.float32))
+       plan.padding_mask(), counts, tf.cast(noise_scale, tf.float32), *extra)
   return {"noise_scale": sigma, "overloads": overloads,
           "nested_elements": nested_elements,
           "expected_overloads": expected, "fallback_buckets": fallback,
-          "bucket_overloads": bucket_overloads}
+          "bucket_overloads": bucket_overloads, "bucket_elements": counts}
 
 
 _STATISTICS_KERNELS = {}
 
 
-def _statistics_kernel(alpha, k, num_levels, d, ratio):
+def _statistics_kernel(alpha, k, num_levels, d, ratio, rotated=False):
   """The XLA-compiled body of `sender_statistics` (one fused pass)."""
-  key = (alpha, k, num_levels, d, ratio)
+  key = (alpha, k, num_levels, d, ratio, rotated)
   kernel = _STATISTICS_KERNELS.get(key)
   if kernel is not None:
     return kernel
+  # `rotate` is `gain` times the orthonormal rotation: the codec's steps
+  # are in its units, the noise scales it takes in the orthonormal ones.
+  gain = rotation_ops.domain_gain(d) if rotated else 1.0
 
   def statistics(values, side_information, decoded, scales, real, counts,
-                 used):
+                 used, seed=None):
     shape = [-1, d]
     fine = tf.abs(scales) / num_levels
     y = tf.reshape(side_information, shape)
-    z = tf.reshape(values, shape) - y
-    residual = tf.reshape(decoded, shape) - y
+    values = tf.reshape(values, shape)
+    decoded = tf.reshape(decoded, shape)
     real = tf.reshape(real, shape)
+    if rotated:
+      signs = rotation_ops.rotation_signs(seed, y.shape[0], d, y.dtype)
+      y, values, decoded = (rotation_ops.rotate(v, signs)
+                            for v in (y, values, decoded))
+      real = tf.ones_like(real)
+    z = values - y
+    residual = decoded - y
     noise_scale = tf.sqrt(tf.reduce_sum(real * tf.square(z), axis=1) / counts)
     j = tf.round(tf.math.divide_no_nan(alpha * alpha * z - residual,
                                        (alpha * k) * fine[:, None]))
@@ -330,6 +371,9 @@ def _statistics_kernel(alpha, k, num_levels, d, ratio):
     in_nested = nested[:, None] & (real > 0)
     wrong = in_nested & tf.not_equal(j, 0.0)
     probability = overload_probability(alpha, noise_scale, fine, k)
+    if rotated:
+      noise_scale = noise_scale / gain
+      used = used * gain
     probability = tf.where(nested & tf.math.is_finite(probability),
                            probability, tf.zeros_like(probability))
     # The adaptive step of every bucket, and its overloads on average over

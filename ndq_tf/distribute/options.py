@@ -221,12 +221,6 @@ class CompressionOptions:
             f"codec={codec!r}, reference_codec={reference_codec!r}, "
             f"{name}={group!r}, adaptive={adaptive!r}.")
       return None, None, False
-    if getattr(codec, "rotation", None) is not None:
-      raise ValueError(
-          f"A nested `codec` with a rotation is not supported in nested "
-          f"groups yet: the senders' noise state and overload counts are "
-          f"measured in the original domain, the codes' steps in the rotated "
-          f"one. Received: codec={codec!r}.")
     if reference_codec is None:
       raise ValueError(
           f"A nested `codec` ({codec!r}) needs side information: pass "

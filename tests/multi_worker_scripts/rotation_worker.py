@@ -2,7 +2,9 @@
 
 Issue #17 on real worker processes: `--steps` compressed all-reduces of a
 fixed per-worker gradient under `ndq_tf.MultiWorkerMirroredStrategy` with
-a rotated DQSG codec and `--transport`, then one line
+a rotated DQSG codec and `--transport` (with `--nested`: worker 0 a DQSG
+reference sender, worker 1 rotated adaptive NDQSG, on correlated
+gradients), then one line
 `ROTATION {"worker": i, "results": {...}}` with every step's decoded sum
 (the test compares the workers bit for bit and checks the estimate against
 the theory) and the telemetry.
@@ -18,6 +20,9 @@ import numpy as np
 CODEC = "dqsg:num_levels=2,bucket_size=128,rotation=hadamard"
 SEED = 5
 SIZE = 16 * 128
+NESTED_CODEC = ("ndqsg:num_levels=3,coarse_ratio=3,bucket_size=128,"
+                "rotation=hadamard")
+REFERENCE_CODEC = "dqsg:num_levels=3,bucket_size=128"
 
 
 def gradient(worker):
@@ -26,11 +31,20 @@ def gradient(worker):
   return (rng.standard_t(3, size=SIZE) * (1.0 + worker)).astype(np.float32)
 
 
+def nested_gradient(worker):
+  """Worker `worker`'s gradient with `--nested`: a common part plus noise."""
+  common = np.random.default_rng(99).standard_t(3, size=SIZE)
+  noise = np.random.default_rng(100 + worker).normal(size=SIZE)
+  return (common + 0.2 * noise).astype(np.float32)
+
+
 def _parse():
   p = argparse.ArgumentParser(description=__doc__)
   p.add_argument("--transport", default="all_reduce",
                  help="all_gather or all_reduce.")
   p.add_argument("--steps", type=int, default=6, help="All-reduces.")
+  p.add_argument("--nested", action="store_true",
+                 help="A nested group: rotated adaptive NDQSG on worker 1.")
   return p.parse_args()
 
 
@@ -38,12 +52,15 @@ def _run(args):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import ndq_tf  # pylint: disable=g-import-not-at-top
 
+  nested = ({"codec": NESTED_CODEC, "reference_codec": REFERENCE_CODEC,
+             "reference_workers": 1, "adaptive": True}
+            if args.nested else {"codec": CODEC})
   strategy = ndq_tf.MultiWorkerMirroredStrategy(
-      codec=CODEC, transport=args.transport, seed=SEED,
+      transport=args.transport, seed=SEED,
       communication_options=tf.distribute.experimental.CommunicationOptions(
-          timeout_seconds=120))
+          timeout_seconds=120), **nested)
   worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-  g = tf.constant(gradient(worker))
+  g = tf.constant((nested_gradient if args.nested else gradient)(worker))
 
   @tf.function
   def step():
@@ -53,11 +70,12 @@ def _run(args):
         return ctx.all_reduce("sum", g)
     return strategy.run(fn)
 
-  sums = []
+  sums, stats = [], []
   for _ in range(args.steps):
     out = strategy.experimental_local_results(step())[0]
     sums.append(np.asarray(out).tolist())
-  return {"sums": sums, "stats": strategy.compression_stats(),
+    stats.append(strategy.compression_stats())
+  return {"sums": sums, "stats": stats[-1], "all_stats": stats,
           "step": int(strategy.compression_step.numpy())}
 
 

@@ -174,7 +174,7 @@ class GatherExchange(base.Exchange):
           statistics[me] = nested_state.sender_statistics(
               codecs[me], None, values, side, decoded, plan,
               noise_scale=None if noise is None else noise[row],
-              scales=scales)
+              scales=scales, seed=engine.seed(me, step))
       engine.update_nested_state(variables, senders, statistics, plan)
     engine.record(transport, plan, senders, lossless_values,
                   payload_bits=32 * payload_words, framing_bits=framing_bits,
