@@ -19,6 +19,7 @@ import math
 
 from ndq_tf.ops import lane_ops
 from ndq_tf.ops import rotation_ops
+from ndq_tf.reduce_scatter_theory import reduce_scatter_bits, reduce_scatter_total_mse  # pylint: disable=line-too-long
 
 __all__ = [
     "uniform_error_variance",
@@ -50,6 +51,8 @@ __all__ = [
     "summed_form",
     "ALL_REDUCE_STAMP_WORDS",
     "exchange_bits",
+    "reduce_scatter_bits",
+    "reduce_scatter_total_mse",
     "auto_transport",
 ]
 
@@ -306,7 +309,8 @@ def shared_scale_variance(num_levels, num_workers, kappa_max=1.0):
 
 
 #: The transports of the cost model (`exchange_bits`).
-TRANSPORTS = ("all_gather", "all_reduce", "float32_ring", "float16_ring")
+TRANSPORTS = ("all_gather", "all_reduce", "float32_ring", "float16_ring",
+              "reduce_scatter")
 
 #: Words of the header of every row of the collective all-gather (magic,
 #: sender, step, payload words, fingerprint), as
@@ -538,6 +542,8 @@ def exchange_bits(codec, num_elements, num_workers, transport):
     raise ValueError(
         f"`codec` is required for transport={transport!r}. Received: "
         f"codec=None.")
+  if transport == "reduce_scatter":  # ndq_tf.reduce_scatter_theory
+    return reduce_scatter_bits(codecs, n, p)
   if transport == "all_gather":
     distinct = {id(c): c for c in codecs}.values()
     row_words = ALL_GATHER_HEADER_WORDS + max(

@@ -54,6 +54,7 @@ from ndq_tf import theory
 from ndq_tf.distribute import fingerprint
 from ndq_tf.distribute import fusion
 from ndq_tf.distribute import nested_state
+from ndq_tf.distribute import reduce_scatter
 from ndq_tf.distribute import scope
 from ndq_tf.distribute import telemetry as telemetry_lib
 from ndq_tf.distribute import tf_internals
@@ -333,7 +334,11 @@ class ExchangeEngine(tf.Module):
                  plan.total_size)
     # What every receiver must agree on, checked by the transports.
     mark = fingerprint.fingerprint(options, plan.signature, kind)
-    if kind == "all_reduce":
+    if kind == "reduce_scatter":  # ndq_tf.distribute.reduce_scatter
+      results = reduce_scatter.exchange(
+          self, transports["reduce_scatter"], codecs, plan, senders, step,
+          mean, divisor, lossless_values, mark)
+    elif kind == "all_reduce":
       results = self._exchange_sum(transports["all_reduce"], codecs[0], plan,
                                    senders, step, mean, divisor,
                                    lossless_values, mark)

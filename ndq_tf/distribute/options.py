@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 #: The values of `transport`: how payloads travel (`CompressionOptions`).
-TRANSPORTS = ("auto", "all_gather", "all_reduce")
+TRANSPORTS = ("auto", "all_gather", "all_reduce", "reduce_scatter")
 
 #: Default `min_elements`: smaller tensors travel losslessly. Every tensor
 #: starts on a bucket boundary, so a tensor of `n < bucket_size` elements
@@ -132,12 +132,19 @@ class CompressionOptions:
       integers, or float16/float32 values by a float ring; only for the
       codecs whose payloads add up, `ndq_tf.theory.summed_form`), or
       `"auto"` (default): per exchange, the one that sends fewer bits by
-      `ndq_tf.theory.exchange_bits` (`resolve_transport`).
+      `ndq_tf.theory.exchange_bits` (`resolve_transport`), or
+      `"reduce_scatter"` (bucketed codecs without side information: each
+      sender's shard `j` goes to receiver `j`, which sums the shards and
+      re-quantizes the sum with DQSG for an all-gather; bits flat in the
+      number of senders, `ndq_tf.distribute.reduce_scatter`).
     chunk_elements: a fused buffer of more elements than this is encoded,
       sent, decoded and summed in chunks of about this many (whole
       buckets), so that the chunks' stages overlap; the result is bit for
       bit the one without chunks (`FusionPlan.chunks`). None: one chunk.
       Default `DEFAULT_CHUNK_ELEMENTS`.
+    reduce_scatter_levels: `transport="reduce_scatter"` only: the
+      `num_levels` of the DQSG that re-quantizes the reduced shards; None:
+      `codec.num_levels` for a `DitheredCodec`, else 1.
     group_argument: the name the caller gave `reference_group` (e.g.
       `"reference_replicas"`, `"reference_workers"`), for error messages;
       not part of the config.
@@ -152,6 +159,7 @@ class CompressionOptions:
                compress_indexed_slices=False, reference_codec=None,
                reference_group=None, adaptive=None, transport="auto",
                chunk_elements=DEFAULT_CHUNK_ELEMENTS,
+               reduce_scatter_levels=None,
                group_argument="reference_group"):
     codec = coerce_codec(codec, "codec")
     self._min_elements = _check_int(min_elements, "min_elements", low=1)
@@ -167,6 +175,15 @@ class CompressionOptions:
      self._adaptive) = self._check_reference(codec, reference_codec,
                                              reference_group, adaptive)
     self._transport = self._check_transport(transport)
+    if reduce_scatter_levels is not None:
+      _check_int(reduce_scatter_levels, "reduce_scatter_levels", low=1,
+                 high=2**15)
+      if transport != "reduce_scatter":
+        raise ValueError(
+            f"`reduce_scatter_levels` is only for transport="
+            f"'reduce_scatter'. Received: reduce_scatter_levels="
+            f"{reduce_scatter_levels!r}, transport={transport!r}.")
+    self._reduce_scatter_levels = reduce_scatter_levels
     self._chunk_elements = (None if chunk_elements is None else _check_int(
         chunk_elements, "chunk_elements", low=1))
 
@@ -189,12 +206,30 @@ class CompressionOptions:
       raise ValueError(
           f"transport='all_reduce' cannot sum the payloads of "
           f"codec={self._codec!r}: {why}.")
+    if transport == "reduce_scatter":
+      if self.nested:
+        raise ValueError(
+            f"transport='reduce_scatter' does not take nested codecs yet "
+            f"(their senders' noise state needs every bucket of their own "
+            f"decode); use transport='all_gather' (or 'auto'). Received: "
+            f"codec={self._codec!r}.")
+      if getattr(self._codec, "bucket_size", None) is None:
+        raise ValueError(
+            f"transport='reduce_scatter' cuts the buffer into shards of "
+            f"whole buckets, so `codec` must have a `bucket_size`; use "
+            f"transport='all_gather' or 'all_reduce'. Received: "
+            f"codec={self._codec!r}.")
     return transport
 
   @property
   def transport(self):
-    """`"auto"`, `"all_gather"` or `"all_reduce"`, as given."""
+    """`"auto"`, `"all_gather"`, `"all_reduce"` or `"reduce_scatter"`."""
     return self._transport
+
+  @property
+  def reduce_scatter_levels(self):
+    """Stage 2's `num_levels` under `"reduce_scatter"` (None: the default)."""
+    return self._reduce_scatter_levels
 
   @property
   def chunk_elements(self):
@@ -210,7 +245,7 @@ class CompressionOptions:
     numbers, so all of them pick the same.
 
     Returns:
-      `"all_gather"` or `"all_reduce"`.
+      `"all_gather"`, `"all_reduce"` or (when asked) `"reduce_scatter"`.
     """
     if self._transport != "auto":
       return self._transport
@@ -357,6 +392,8 @@ class CompressionOptions:
         "transport": self._transport,
         "chunk_elements": self._chunk_elements,
     }
+    if self._reduce_scatter_levels is not None:
+      config["reduce_scatter_levels"] = self._reduce_scatter_levels
     if self.nested:
       config["reference_codec"] = keras.saving.serialize_keras_object(
           self._reference_codec)
@@ -385,4 +422,6 @@ class CompressionOptions:
     return (f"CompressionOptions(codec={self._codec!r}, min_elements="
             f"{self._min_elements}, seed={self._seed}, compress_indexed_slices="
             f"{self._compress_indexed_slices}{nested}, transport="
-            f"{self._transport!r}, chunk_elements={self._chunk_elements})")
+            f"{self._transport!r}, chunk_elements={self._chunk_elements}"
+            + (f", reduce_scatter_levels={self._reduce_scatter_levels}"
+               if self._reduce_scatter_levels is not None else "") + ")")

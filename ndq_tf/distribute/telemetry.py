@@ -14,8 +14,9 @@ replicas: every replica is a sender) or one worker of a multi-worker job
 Keys (all of the last compressed exchange):
 
 * `step`: compressed exchanges so far (the dither's step counter).
-* `transport`: how the last exchange travelled, `"all_gather"` or
-  `"all_reduce"` (what `transport="auto"` picked); before the first
+* `transport`: how the last exchange travelled, `"all_gather"`,
+  `"all_reduce"` (what `transport="auto"` picked) or `"reduce_scatter"`
+  (both of its stages); before the first
   exchange, the option as given.
 * `senders`: senders in the exchange, all processes together.
 * `local_senders`: senders this process encoded.
@@ -28,7 +29,8 @@ Keys (all of the last compressed exchange):
 * `payload_bits`: the codec payloads alone, all local senders.
 * `link_bits`: what the local senders' links carry for this exchange by
   the cost model (`ndq_tf.theory.exchange_bits`: `(P - 1)` framed rows
-  for `"all_gather"`, `2(P - 1)/P` payloads for `"all_reduce"`; the
+  for `"all_gather"`, `2(P - 1)/P` payloads for `"all_reduce"`, `(P - 1)`
+  framed shard rows per stage for `"reduce_scatter"`; the
   lossless tensors as a float ring, `2(P - 1)/P` of their bits).
 * `compressed_elements`, `lossless_elements`: gradient elements per sender
   in the call that were compressed, and that travelled losslessly beside
@@ -88,7 +90,7 @@ KEYS = ("step", "transport", "senders", "local_senders", "sent_bits",
         "lossless_fallbacks", "unrecognised_gradient_steps")
 
 #: The transports an exchange reports, by their code in the telemetry.
-TRANSPORT_NAMES = ("all_gather", "all_reduce")
+TRANSPORT_NAMES = ("all_gather", "all_reduce", "reduce_scatter")
 NESTED_KEYS = ("overloads", "nested_elements", "overload_rate",
                "overload_probability", "fallback_fraction")
 
