@@ -13,8 +13,10 @@ import tensorflow as tf
 import ndq_tf
 from ndq_tf import reduce_scatter_theory
 from ndq_tf import theory
+from ndq_tf.distribute import engine as engine_lib
 from ndq_tf.distribute import fusion
 from ndq_tf.distribute import reduce_scatter
+from ndq_tf.distribute import transports
 from ndq_tf.distribute.mirrored import MirroredStrategy
 from ndq_tf.distribute.options import CompressionOptions
 from ndq_tf.distribute.scope import compressed
@@ -32,21 +34,33 @@ def _bits(x):
   return np.asarray(x).view(np.uint32)
 
 
-def _sum_of_replicas(strategy, values):
-  """`ctx.all_reduce("sum")` of replica `r`'s `values[r]` (lists of tensors)."""
+def _summer(strategy, values):
+  """A function: `ctx.all_reduce("sum")` of replica `r`'s `values[r]`."""
+  scale = tf.constant([1.0 + r for r in range(NUM_REPLICAS)])
 
   @tf.function
   def step():
     def fn():
       ctx = tf.distribute.get_replica_context()
-      r = ctx.replica_id_in_sync_group
-      mine = [tf.switch_case(r, [lambda v=v: v[k] for v in values])
-              for k in range(len(values[0]))]
+      r = scale[ctx.replica_id_in_sync_group]
       with compressed():
-        return ctx.all_reduce("sum", mine)
+        return ctx.all_reduce("sum", [v * r for v in values])
     return strategy.run(fn)
 
-  return [strategy.experimental_local_results(t) for t in step()]
+  return lambda: [strategy.experimental_local_results(t) for t in step()]
+
+
+def _exchange(engine, values, devices):
+  """One eager exchange of `values[r]` (lists of tensors) from replica `r`."""
+  senders = []
+  for r, device in enumerate(devices):
+    with tf.device(device):
+      senders.append(engine_lib.LocalSender(
+          r, device, [tf.identity(v) for v in values[r]]))
+  return engine.exchange(
+      {"all_gather": transports.DeviceCopyTransport(devices),
+       "reduce_scatter": transports.DeviceAllToAllTransport(devices)},
+      senders, "sum")
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -86,10 +100,11 @@ def test_replicas_end_bitwise_identical_with_the_models_bits():
                               devices=_devices(), min_elements=64,
                               transport="reduce_scatter")
   rng = np.random.default_rng(3)
-  values = [[tf.constant(rng.normal(size=(1000,)) * (1 + r), tf.float32),
-             tf.constant(rng.normal(size=(30, 10)), tf.float32)]
-            for r in range(NUM_REPLICAS)]
-  first = _sum_of_replicas(strategy, values)
+  base = [tf.constant(rng.normal(size=(1000,)), tf.float32),
+          tf.constant(rng.normal(size=(30, 10)), tf.float32)]
+  values = [[b * (1.0 + r) for b in base] for r in range(NUM_REPLICAS)]
+  run = _summer(strategy, base)
+  first = run()
   for replicas in first:
     for v in replicas[1:]:
       np.testing.assert_array_equal(_bits(replicas[0]), _bits(v))
@@ -100,7 +115,7 @@ def test_replicas_end_bitwise_identical_with_the_models_bits():
     kappa = sum(float(tf.reduce_max(tf.abs(v[k]))) for v in values)
     bound = kappa / 2 + (kappa * 1.5) / 2
     assert float(tf.reduce_max(tf.abs(first[k][0] - exact[k]))) <= bound
-  second = _sum_of_replicas(strategy, values)
+  second = run()
   assert not np.array_equal(first[0][0].numpy(), second[0][0].numpy())
   stats = strategy.compression_stats()
   assert stats["transport"] == "reduce_scatter"
@@ -120,27 +135,31 @@ def test_replicas_end_bitwise_identical_with_the_models_bits():
 
 @pytest.mark.parametrize("stage2_levels", [1, 4])
 def test_sum_variance_matches_theory_within_3_percent(stage2_levels):
-  """10^6 elements, 4 senders: `‖ĝ - Σg‖²` against the model.
+  """2^20 elements, 4 senders: `‖ĝ - Σg‖²` against the model.
 
   The model's stage-1 scales are the senders' bucket maxima; its stage-2
   scales are the maxima of the stage-1 sum, which this test decodes itself
-  with the senders' seeds (stage 1's codes are the all-gather's).
+  with the senders' seeds (stage 1's codes are the all-gather's). Eager
+  calls of the engine over the replicas' devices (no tracing).
   """
   n = 2**20
-  strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=1),
-                              devices=_devices(), seed=11,
-                              transport="reduce_scatter",
-                              reduce_scatter_levels=stage2_levels)
+  options = CompressionOptions(ndq_tf.DitheredCodec(num_levels=1), seed=11,
+                               transport="reduce_scatter",
+                               reduce_scatter_levels=stage2_levels)
+  engine = engine_lib.ExchangeEngine(options)
   rng = np.random.default_rng(7)
   common = rng.normal(size=n)
   values = [[tf.constant(common + rng.normal(size=n) * 0.5, tf.float32)]
             for _ in range(NUM_REPLICAS)]
-  (result,) = _sum_of_replicas(strategy, values)
+  devices = _devices()
+  results = _exchange(engine, values, devices)
+  for r in results[1:]:
+    np.testing.assert_array_equal(_bits(results[0][0]), _bits(r[0]))
   exact = np.sum([v[0].numpy().astype(np.float64) for v in values], axis=0)
-  measured = float(np.sum((result[0].numpy().astype(np.float64) - exact)**2))
+  measured = float(np.sum((results[0][0].numpy().astype(np.float64)
+                           - exact)**2))
 
-  engine = strategy.compressed_all_reduce.engine
-  codec = strategy.compressed_all_reduce.codec
+  codec = options.codec
   d = codec.bucket_size
   plan = fusion.FusionPlan.from_tensors(values[0], d)
   seeds = [engine.seed(i, 0) for i in range(NUM_REPLICAS)]
