@@ -78,6 +78,10 @@ def reduce_scatter_bits(codecs, num_elements, num_workers, stage2_codec=None):
     raise ValueError(
         f"`codecs` must be one codec or one per worker ({num_workers}). "
         f"Received: {len(codecs)} codecs.")
+  if any(getattr(c, "needs_side_information", False) for c in codecs):
+    raise ValueError(
+        f"The reduce-scatter exchange does not take nested codecs yet. "
+        f"Received: codec={codecs!r}.")
   d = codecs[0].bucket_size
   if d is None:
     raise ValueError(
