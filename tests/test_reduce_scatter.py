@@ -94,6 +94,20 @@ def test_shards_are_whole_buckets_some_empty():
                                                         (6, 2)]
 
 
+def test_cost_model_is_flat_in_the_workers():
+  """Ternary DQSG: ≤ 3.5 bits per element per worker up to 1024 workers."""
+  codec = ndq_tf.DitheredCodec(num_levels=1)
+  n = 2**22
+  for p in (2, 8, 64, 1024):
+    bits = theory.exchange_bits(codec, n, p, "reduce_scatter")
+    # One shard of ⌈B/P⌉ buckets per row, both stages, 5-word headers.
+    words = codec.wire_bits(-(-n // 512 // p) * 512) // 32
+    assert bits == 32 * (p - 1) * 2 * (5 + words)
+    assert bits / n <= 3.5
+  with pytest.raises(ValueError, match="nested codecs"):
+    theory.exchange_bits(ndq_tf.NestedDitheredCodec(), n, 4, "reduce_scatter")
+
+
 def test_replicas_end_bitwise_identical_with_the_models_bits():
   """Two tensors, 3 buckets for 4 replicas: one shard is empty."""
   strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=1),
