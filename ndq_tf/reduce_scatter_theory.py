@@ -64,7 +64,7 @@ def reduce_scatter_bits(codecs, num_elements, num_workers, stage2_codec=None):
 
   Args:
     codecs: one bucketed codec per worker, in sender order (or one codec).
-    num_elements: `n`, a multiple of the bucket size.
+    num_elements: `n` (whole buckets: `⌈n/d⌉`).
     num_workers: `P >= 1`.
     stage2_codec: the codec of the reduced shards; default `codecs[0]`
       (the exchange's default for `DitheredCodec` without rotation).
@@ -91,7 +91,7 @@ def reduce_scatter_bits(codecs, num_elements, num_workers, stage2_codec=None):
   stage2_codec = stage2_codec or codecs[0]
   if num_workers == 1:
     return 0.0
-  shards = shard_buckets(num_elements // d, num_workers)
+  shards = shard_buckets(-(-num_elements // d), num_workers)
   distinct = {id(c): c for c in codecs}.values()
   w1 = max(_words(c, m * d) for c in distinct for _, m in shards)
   w2 = max(_words(stage2_codec, m * d) for _, m in shards)
