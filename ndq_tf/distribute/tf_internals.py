@@ -337,15 +337,10 @@ def all_reduce(launcher, value, options, merge_op="Add"):
   exchange need `"Max"`. Same instance keys, ordering token and options.
   """
   # pylint: disable=protected-access
-  instance_key = launcher._next_instance_key()
-  options = launcher._options.merge(options)
-  ordering_token = launcher._get_ordering_token()
   with tf.device(launcher._device):
     return multi_worker().all_reduce_v2(
-        value, launcher._group_size, launcher._group_key, instance_key,
-        merge_op=merge_op, final_op="Id",
-        communication_hint=options.implementation.value,
-        timeout=options.timeout_seconds, ordering_token=ordering_token)
+        value, launcher._group_size, launcher._group_key, merge_op=merge_op,
+        final_op="Id", **_collective_arguments(launcher, options))
 
 
 def all_to_all(launcher, value, options):
@@ -356,14 +351,21 @@ def all_to_all(launcher, value, options):
   launcher's own collectives (TF's launcher has no all-to-all).
   """
   # pylint: disable=protected-access
-  instance_key = launcher._next_instance_key()
-  options = launcher._options.merge(options)
-  ordering_token = launcher._get_ordering_token()
   with tf.device(launcher._device):
     return multi_worker().all_to_all_v2(
-        value, launcher._group_size, launcher._group_key, instance_key,
-        communication_hint=options.implementation.value,
-        timeout=options.timeout_seconds, ordering_token=ordering_token)
+        value, launcher._group_size, launcher._group_key,
+        **_collective_arguments(launcher, options))
+
+
+def _collective_arguments(launcher, options):
+  """A launcher's next instance key, ordering token, hint and timeout."""
+  # pylint: disable=protected-access
+  instance_key = launcher._next_instance_key()
+  options = launcher._options.merge(options)
+  return dict(instance_key=instance_key,
+              communication_hint=options.implementation.value,
+              timeout=options.timeout_seconds,
+              ordering_token=launcher._get_ordering_token())
 
 
 def all_gather(launcher, value, options):

@@ -27,6 +27,7 @@ Cost per worker and step of stage 1: it sends `P - 1` rows of
 
 import tensorflow as tf
 
+from ndq_tf.distribute.transports import all_gather
 from ndq_tf.distribute.transports import base
 from ndq_tf.distribute.transports import device_copy
 
@@ -157,26 +158,8 @@ class AllToAllTransport:
         "the same codec and model. (magic, sender, shard, step, "
         "fingerprint) per sender:", rows[:, :SCATTER_HEADER_WORDS]],
                                     summarize=SCATTER_HEADER_WORDS * p)
-    low = tf.argmin(steps, output_type=tf.int32)
-    high = tf.argmax(steps, output_type=tf.int32)
-    steps_ok = tf.debugging.Assert(
-        tf.equal(steps[low], steps[high]),
-        [f"{self._who}: workers disagree on the compression step, so their "
-         "dither seeds differ and decoding would be silently wrong: worker",
-         senders[low], "sent step", steps[low], "but worker", senders[high],
-         "sent step", steps[high], ". Restore every worker from the same "
-         "checkpoint (the step variable is `strategy.compression_step`)."])
-    low = tf.argmin(prints, output_type=tf.int32)
-    high = tf.argmax(prints, output_type=tf.int32)
-    prints_ok = tf.debugging.Assert(
-        tf.equal(prints[low], prints[high]),
-        [f"{self._who}: workers disagree on what they exchange (the "
-         "fingerprint of their compression options, fusion plan and "
-         "exchange kind), so each would decode the others' payloads "
-         "wrongly: worker", senders[low], "sent fingerprint", prints[low],
-         "but worker", senders[high], "sent", prints[high], ". Every worker "
-         "must run the same program, with the same options and model."])
-    return [header_ok, steps_ok, prints_ok]
+    return [header_ok] + all_gather.stamp_checks(self._who, senders, steps,
+                                                 prints)
 
 
 class DeviceAllToAllTransport:
