@@ -301,7 +301,8 @@ class ExchangeEngine(tf.Module):
 
     Args:
       transports: `{"all_gather": Transport, "all_reduce":
-        SummingTransport}` (`ndq_tf.distribute.transports`) over the same
+        SummingTransport, "reduce_scatter": (transports.all_to_all)}`
+        (`ndq_tf.distribute.transports`) over the same
         senders and receivers; the exchange uses the one the options pick
         (`CompressionOptions.resolve_transport`).
       senders: list of `LocalSender`, the senders this process encodes, in
