@@ -20,6 +20,9 @@ about 5M parameters by default) for `--warmup` + `--steps` steps:
   all-gathered;
 * `dqsg_ar`: the same codec, `transport="all_reduce"`: a MAX all-reduce of
   the per-bucket scales, then the codes summed in integer lanes;
+* `dqsg_rs` (not in the default list): the same codec,
+  `transport="reduce_scatter"`: shards by an all-to-all, each worker's
+  reduced shard re-quantized and all-gathered (issue #18);
 * `auto`: the same codec, `transport="auto"` (the strategy picks by
   `ndq_tf.theory.auto_transport`; the transport it used is reported);
 * `ndqsg` (not in the default list): `NestedDitheredCodec(num_levels=3,
@@ -111,6 +114,7 @@ TRANSPORT = {
     "float16": "all_reduce",
     "dqsg_ag": "all_gather",
     "dqsg_ar": "all_reduce",
+    "dqsg_rs": "reduce_scatter",
     "auto": "auto",
     "ndqsg": "all_gather",
 }

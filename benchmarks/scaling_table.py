@@ -71,7 +71,7 @@ def _rows(n, bucket_size, workers):
                      for p in workers]),
   ]
   for label, codec in _codecs(bucket_size):
-    for transport in ("all_gather", "all_reduce"):
+    for transport in ("all_gather", "all_reduce", "reduce_scatter"):
       values = []
       for p in workers:
         try:

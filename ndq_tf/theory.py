@@ -19,6 +19,7 @@ References:
 import math
 
 from ndq_tf.ops import rotation_ops
+from ndq_tf.reduce_scatter_theory import reduce_scatter_total_mse
 
 __all__ = [
     "uniform_error_variance",
@@ -48,6 +49,8 @@ __all__ = [
     "codes_add_up",
     "summed_form",
     "exchange_bits",
+    "reduce_scatter_bits",
+    "reduce_scatter_total_mse",
     "auto_transport",
 ]
 
@@ -321,6 +324,9 @@ def __getattr__(name):
   if name == "TRANSPORTS":
     from ndq_tf.distribute import exchanges  # pylint: disable=g-import-not-at-top
     return exchanges.NAMES + _FLOAT_RINGS
+  if name == "reduce_scatter_bits":  # The cost model is the exchange's.
+    from ndq_tf.distribute.exchanges import reduce_scatter  # pylint: disable=g-import-not-at-top
+    return reduce_scatter.reduce_scatter_bits
   if name in _MOVED:
     import importlib  # pylint: disable=g-import-not-at-top
     import warnings  # pylint: disable=g-import-not-at-top

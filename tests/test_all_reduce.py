@@ -225,7 +225,8 @@ def test_all_reduce_refuses_nested_codecs_saying_why():
 
 def test_unknown_transport_names_the_choices():
   with pytest.raises(ValueError, match=r"`transport` must be one of 'auto', "
-                     r"'all_gather', 'all_reduce'. Received: transport='ring'"):
+                     r"'all_gather', 'all_reduce', 'reduce_scatter'. "
+                     r"Received: transport='ring'"):
     ndq_tf.MirroredStrategy(codec="dqsg", devices=_devices(),
                             transport="ring")
 

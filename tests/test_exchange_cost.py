@@ -165,7 +165,8 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
   def test_bad_arguments_raise(self):
     with self.assertRaisesRegex(
         ValueError, "`transport` must be one of 'all_gather', 'all_reduce', "
-        "'float32_ring', 'float16_ring'. Received: transport='ring'"):
+        "'reduce_scatter', 'float32_ring', 'float16_ring'. Received: "
+        "transport='ring'"):
       theory.exchange_bits(_dqsg(), 10, 2, "ring")
     with self.assertRaisesRegex(ValueError, "`num_workers`.*num_workers=0"):
       theory.exchange_bits(_dqsg(), 10, 0, "all_gather")

@@ -14,11 +14,12 @@ from ndq_tf.distribute import exchanges
 from ndq_tf.distribute import options as options_lib
 from ndq_tf.distribute import telemetry
 from ndq_tf.distribute.transports import all_gather
+from ndq_tf.distribute.transports import all_to_all
 from ndq_tf.distribute.transports import collective_sum
 
 
 def test_one_list_of_names_for_options_theory_and_telemetry():
-  assert exchanges.NAMES == ("all_gather", "all_reduce")
+  assert exchanges.NAMES == ("all_gather", "all_reduce", "reduce_scatter")
   assert options_lib.TRANSPORTS == ("auto",) + exchanges.NAMES
   assert theory.TRANSPORTS[:len(exchanges.NAMES)] == exchanges.NAMES
   assert telemetry.TRANSPORT_NAMES == exchanges.NAMES
@@ -35,6 +36,8 @@ def test_framing_is_the_transports_own():
   assert exchanges.get("all_gather").framing_words == all_gather.HEADER_WORDS
   assert (exchanges.get("all_reduce").framing_words ==
           collective_sum.STAMP_WORDS)
+  assert (exchanges.get("reduce_scatter").framing_words ==
+          all_to_all.SCATTER_HEADER_WORDS)
 
 
 def test_old_framing_constants_are_deprecated_aliases():
@@ -113,6 +116,10 @@ def test_decode_work_per_worker(p):
   # Float values through a float ring: nothing drawn, nothing decoded.
   assert exchanges.exchange_work(ndq_tf.Float16Codec(), n, p,
                                  "all_reduce") == exchanges.base.Work(0, 0)
+  # Reduce-scatter: stage 1 encodes and decodes one buffer in shards,
+  # stage 2's DQSG encodes one shard and decodes every shard.
+  assert exchanges.exchange_work(codec, n, p, "reduce_scatter") == (
+      exchanges.base.Work(dither_draws=3 * n + -(-n // p), decodes=2))
   # TernGrad draws to encode only.
   assert exchanges.exchange_work(ndq_tf.TernGradCodec(), n, p,
                                  "all_reduce") == exchanges.base.Work(n, 1)
@@ -129,5 +136,7 @@ def test_bits_summary_lists_the_exchanges_that_carry_the_codec():
     warnings.simplefilter("error")
     text = exchanges.bits_summary([ndq_tf.DitheredCodec(1)] * 4, 4096, 4)
   assert text.startswith("all_gather ") and ", all_reduce " in text
+  # "auto" never picks the reduce-scatter, so its log leaves it out.
+  assert "reduce_scatter" not in text
   nested = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)
   assert "all_reduce" not in exchanges.bits_summary([nested] * 4, 4096, 4)

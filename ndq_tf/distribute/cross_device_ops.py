@@ -153,6 +153,9 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
       TernGrad, QSGD, and float16/float32 values summed as floats) or
       `"auto"` (default: the one with fewer bits by
       `ndq_tf.theory.exchange_bits`, logged once); see docs/scaling.md.
+    reduce_scatter_levels: `transport="reduce_scatter"` only: levels of
+      the DQSG that re-quantizes the reduced shards (None: the codec's
+      own for a DitheredCodec, else 1; `CompressionOptions`).
     chunk_elements: the fused gradients are encoded, exchanged and decoded
       in chunks of about this many elements, so that the stages of
       successive chunks overlap; bit for bit the same result. None: one
@@ -180,6 +183,7 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
       adaptive: bool | None = None,
       transport: str = "auto",
       chunk_elements: int | None = options_lib.DEFAULT_CHUNK_ELEMENTS,
+      reduce_scatter_levels: int | None = None,
   ) -> None:
     tf.distribute.CrossDeviceOps.__init__(self)
     tf.Module.__init__(self, name=name)
@@ -188,7 +192,9 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
         compress_indexed_slices=compress_indexed_slices,
         reference_codec=reference_codec, reference_group=reference_replicas,
         adaptive=adaptive, transport=transport,
-        chunk_elements=chunk_elements, group_argument="reference_replicas")
+        chunk_elements=chunk_elements,
+        reduce_scatter_levels=reduce_scatter_levels,
+        group_argument="reference_replicas")
     self._default_fallback = fallback is None
     if fallback is None:
       fallback = tf.distribute.ReductionToOneDevice()
@@ -251,7 +257,8 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
 
   @property
   def transport(self):
-    """The `transport` option (`"auto"`, `"all_gather"`, `"all_reduce"`)."""
+    """The `transport` option (`"auto"`, `"all_gather"`, `"all_reduce"`,
+    `"reduce_scatter"`)."""
     return self._options.transport
 
   @property
@@ -364,7 +371,9 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
                  for s, device in enumerate(devices)]
       per_destination = self._engine.exchange(
           {"all_gather": transports.DeviceCopyTransport(devices),
-           "all_reduce": transports.DeviceSumTransport(devices)}, senders,
+           "all_reduce": transports.DeviceSumTransport(devices),
+           "reduce_scatter": transports.DeviceAllToAllTransport(devices)},
+          senders,
           reduce_op,
           lossless_values=[pairs[i][0] for i in lossless])
       for k, (i, _) in enumerate(compressed):

@@ -252,9 +252,9 @@ class ExchangeEngine(tf.Module):
 
     Args:
       transports: one transport per exchange name (`{"all_gather":
-        Transport, "all_reduce": SummingTransport}`,
-        `ndq_tf.distribute.transports`) over the same senders and
-        receivers; the exchange uses the one the options pick
+        Transport, "all_reduce": SummingTransport, "reduce_scatter":
+        AllToAllTransport}`, `ndq_tf.distribute.transports`) over the
+        same senders and receivers; the exchange uses the one the options pick
         (`CompressionOptions.resolve_transport`).
       senders: list of `LocalSender`, the senders this process encodes, in
         sender order; their tensors have the same shapes and dtypes.

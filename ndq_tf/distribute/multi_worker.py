@@ -189,8 +189,12 @@ class MultiWorkerCompressedAllReduce(cross_device_ops.DeprecatedTelemetry,
           lambda value, merge_op: tf_internals.all_reduce(
               self._launcher, value, options, merge_op),
           self._num_workers, self._worker_id, device, who=_WHO)
+      scatter = transports.AllToAllTransport(
+          lambda rows: tf_internals.all_to_all(self._launcher, rows, options),
+          gather, self._num_workers, self._worker_id, device, who=_WHO)
       (summed,) = self._engine.exchange(
-          {"all_gather": gather, "all_reduce": reduce},
+          {"all_gather": gather, "all_reduce": reduce,
+           "reduce_scatter": scatter},
           [engine_lib.LocalSender(self._worker_id, device, local)],
           reduce_op, divisor=self._group_size, lossless_values=lossless_values)
       return summed
@@ -340,6 +344,9 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
       TF's float16 ring), or `"auto"` (default: the one the cost model
       `ndq_tf.theory.exchange_bits` says sends fewer bits, logged once;
       every worker picks the same). See docs/scaling.md.
+    reduce_scatter_levels: `transport="reduce_scatter"` only: levels of
+      the DQSG that re-quantizes the reduced shards (None: the codec's
+      own for a DitheredCodec, else 1; `CompressionOptions`).
     chunk_elements: the fused gradients are encoded, exchanged and decoded
       in chunks of about this many elements, so that one chunk travels
       while the next is encoded and the previous decoded; bit for bit the
@@ -368,6 +375,7 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
       compress_indexed_slices: bool = False,
       transport: str = "auto",
       chunk_elements: int | None = options_lib.DEFAULT_CHUNK_ELEMENTS,
+      reduce_scatter_levels: int | None = None,
   ) -> None:
     tf_internals.multi_worker()  # Raises if this TF lacks its internals.
     compression = options_lib.CompressionOptions(
@@ -375,7 +383,9 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
         compress_indexed_slices=compress_indexed_slices,
         reference_codec=reference_codec, reference_group=reference_workers,
         adaptive=adaptive, transport=transport,
-        chunk_elements=chunk_elements, group_argument="reference_workers")
+        chunk_elements=chunk_elements,
+        reduce_scatter_levels=reduce_scatter_levels,
+        group_argument="reference_workers")
     if cluster_timeout is not None and (
         isinstance(cluster_timeout, bool) or
         not isinstance(cluster_timeout, (int, float)) or cluster_timeout <= 0):
@@ -410,7 +420,8 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
 
   @property
   def transport(self):
-    """The `transport` option (`"auto"`, `"all_gather"`, `"all_reduce"`)."""
+    """The `transport` option (`"auto"`, `"all_gather"`, `"all_reduce"`,
+    `"reduce_scatter"`)."""
     return self._compression.transport
 
   @property

@@ -133,12 +133,19 @@ class CompressionOptions:
       integers, or float16/float32 values by a float ring; only for the
       codecs whose payloads add up, `Codec.summed_form`), or
       `"auto"` (default): per exchange, the one that sends fewer bits by
-      `ndq_tf.theory.exchange_bits` (`resolve_transport`).
+      `ndq_tf.theory.exchange_bits` (`resolve_transport`), or
+      `"reduce_scatter"` (bucketed codecs without side information: each
+      sender's shard `j` goes to receiver `j`, which sums the shards and
+      re-quantizes the sum with DQSG for an all-gather; bits flat in the
+      number of senders, `ndq_tf.distribute.exchanges.reduce_scatter`).
     chunk_elements: a fused buffer of more elements than this is encoded,
       sent, decoded and summed in chunks of about this many (whole
       buckets), so that the chunks' stages overlap; the result is bit for
       bit the one without chunks (`FusionPlan.chunks`). None: one chunk.
       Default `DEFAULT_CHUNK_ELEMENTS`.
+    reduce_scatter_levels: `transport="reduce_scatter"` only: the
+      `num_levels` of the DQSG that re-quantizes the reduced shards; None:
+      `codec.num_levels` for a `DitheredCodec`, else 1.
     group_argument: the name the caller gave `reference_group` (e.g.
       `"reference_replicas"`, `"reference_workers"`), for error messages;
       not part of the config.
@@ -153,6 +160,7 @@ class CompressionOptions:
                compress_indexed_slices=False, reference_codec=None,
                reference_group=None, adaptive=None, transport="auto",
                chunk_elements=DEFAULT_CHUNK_ELEMENTS,
+               reduce_scatter_levels=None,
                group_argument="reference_group"):
     codec = coerce_codec(codec, "codec")
     self._min_elements = _check_int(min_elements, "min_elements", low=1)
@@ -168,6 +176,15 @@ class CompressionOptions:
      self._adaptive) = self._check_reference(codec, reference_codec,
                                              reference_group, adaptive)
     self._transport = self._check_transport(transport)
+    if reduce_scatter_levels is not None:
+      _check_int(reduce_scatter_levels, "reduce_scatter_levels", low=1,
+                 high=2**15)
+      if transport != "reduce_scatter":
+        raise ValueError(
+            f"`reduce_scatter_levels` is only for transport="
+            f"'reduce_scatter'. Received: reduce_scatter_levels="
+            f"{reduce_scatter_levels!r}, transport={transport!r}.")
+    self._reduce_scatter_levels = reduce_scatter_levels
     self._chunk_elements = (None if chunk_elements is None else _check_int(
         chunk_elements, "chunk_elements", low=1))
 
@@ -186,8 +203,13 @@ class CompressionOptions:
 
   @property
   def transport(self):
-    """`"auto"`, `"all_gather"` or `"all_reduce"`, as given."""
+    """`"auto"`, `"all_gather"`, `"all_reduce"` or `"reduce_scatter"`."""
     return self._transport
+
+  @property
+  def reduce_scatter_levels(self):
+    """Stage 2's `num_levels` under `"reduce_scatter"` (None: the default)."""
+    return self._reduce_scatter_levels
 
   @property
   def chunk_elements(self):
@@ -203,7 +225,7 @@ class CompressionOptions:
     numbers, so all of them pick the same.
 
     Returns:
-      `"all_gather"` or `"all_reduce"`.
+      `"all_gather"`, `"all_reduce"` or (when asked) `"reduce_scatter"`.
     """
     if self._transport != "auto":
       return self._transport
@@ -344,6 +366,8 @@ class CompressionOptions:
         "transport": self._transport,
         "chunk_elements": self._chunk_elements,
     }
+    if self._reduce_scatter_levels is not None:
+      config["reduce_scatter_levels"] = self._reduce_scatter_levels
     if self.nested:
       config["reference_codec"] = keras.saving.serialize_keras_object(
           self._reference_codec)
@@ -372,4 +396,6 @@ class CompressionOptions:
     return (f"CompressionOptions(codec={self._codec!r}, min_elements="
             f"{self._min_elements}, seed={self._seed}, compress_indexed_slices="
             f"{self._compress_indexed_slices}{nested}, transport="
-            f"{self._transport!r}, chunk_elements={self._chunk_elements})")
+            f"{self._transport!r}, chunk_elements={self._chunk_elements}"
+            + (f", reduce_scatter_levels={self._reduce_scatter_levels}"
+               if self._reduce_scatter_levels is not None else "") + ")")

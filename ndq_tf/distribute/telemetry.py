@@ -15,9 +15,9 @@ Keys (all of the last compressed exchange):
 
 * `exchange_count`: compressed exchanges so far (the value of the dither's
   step counter; not a quantizer's step).
-* `transport`: how the last exchange travelled, `"all_gather"` or
-  `"all_reduce"` (what `transport="auto"` picked); before the first
-  exchange, the option as given.
+* `transport`: how the last exchange travelled, `"all_gather"`,
+  `"all_reduce"` (what `transport="auto"` picked) or `"reduce_scatter"`
+  (both of its stages); before the first exchange, the option as given.
 * `senders`: senders in the exchange, all processes together.
 * `local_senders`: senders this process encoded.
 * `sent_bits`: bits this process's senders put on the wire: their packed
@@ -30,8 +30,8 @@ Keys (all of the last compressed exchange):
   like `sent_bits`).
 * `model_link_bits`: what the local senders' links carry for this exchange
   by the cost model, not measured (`ndq_tf.theory.exchange_bits`: `(P - 1)` framed rows
-  for `"all_gather"`, `2(P - 1)/P` payloads for `"all_reduce"`; the
-  lossless tensors as a float ring, `2(P - 1)/P` of their bits).
+  for `"all_gather"`, `2(P - 1)/P` payloads for `"all_reduce"`, `(P - 1)`
+  framed shard rows per stage for `"reduce_scatter"`; the lossless tensors as a float ring, `2(P - 1)/P` of their bits).
 * `compressed_elements`, `lossless_elements`: gradient elements per sender
   in the call that were compressed, and that travelled losslessly beside
   them (small tensors, `IndexedSlices`, integers; sparse values counted by

@@ -45,6 +45,7 @@ __all__ = [
     "Trackable",
     "DistributedValues",
     "all_gather",
+    "all_to_all",
     "check_versions",
     "cross_device_ops_of",
     "get_devices_from",
@@ -282,6 +283,7 @@ def _load_multi_worker():
       CollectiveReplicaLauncher=cross_device_utils.CollectiveReplicaLauncher,
       mark_as_unsaveable=values_util.mark_as_unsaveable,
       all_reduce_v2=collective_ops.all_reduce_v2,
+      all_to_all_v2=collective_ops.all_to_all_v2,
   )
   # Used by name later; check now, so that a rename fails at once.
   for owner, attr in ((namespace.CollectiveReplicaLauncher, "_all_gather"),
@@ -335,15 +337,35 @@ def all_reduce(launcher, value, options, merge_op="Add"):
   exchange need `"Max"`. Same instance keys, ordering token and options.
   """
   # pylint: disable=protected-access
-  instance_key = launcher._next_instance_key()
-  options = launcher._options.merge(options)
-  ordering_token = launcher._get_ordering_token()
   with tf.device(launcher._device):
     return multi_worker().all_reduce_v2(
-        value, launcher._group_size, launcher._group_key, instance_key,
-        merge_op=merge_op, final_op="Id",
-        communication_hint=options.implementation.value,
-        timeout=options.timeout_seconds, ordering_token=ordering_token)
+        value, launcher._group_size, launcher._group_key, merge_op=merge_op,
+        final_op="Id", **_collective_arguments(launcher, options))
+
+
+def all_to_all(launcher, value, options):
+  """`CollectiveAllToAllV2` of `value` (`[group size, ...]`) in the launcher's group.
+
+  Row `i` of `value` goes to the worker of rank `i`; row `i` of the result
+  came from it. Same instance keys, ordering token and options as the
+  launcher's own collectives (TF's launcher has no all-to-all).
+  """
+  # pylint: disable=protected-access
+  with tf.device(launcher._device):
+    return multi_worker().all_to_all_v2(
+        value, launcher._group_size, launcher._group_key,
+        **_collective_arguments(launcher, options))
+
+
+def _collective_arguments(launcher, options):
+  """A launcher's next instance key, ordering token, hint and timeout."""
+  # pylint: disable=protected-access
+  instance_key = launcher._next_instance_key()
+  options = launcher._options.merge(options)
+  return dict(instance_key=instance_key,
+              communication_hint=options.implementation.value,
+              timeout=options.timeout_seconds,
+              ordering_token=launcher._get_ordering_token())
 
 
 def all_gather(launcher, value, options):

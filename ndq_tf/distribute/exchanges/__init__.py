@@ -13,6 +13,7 @@ refactor for the steps).
 
 from ndq_tf.distribute.exchanges import base
 from ndq_tf.distribute.exchanges import gather
+from ndq_tf.distribute.exchanges import reduce_scatter
 from ndq_tf.distribute.exchanges import sum as sum_exchange
 
 __all__ = [
@@ -26,7 +27,8 @@ __all__ = [
 ]
 
 #: Every exchange, in the order of their telemetry codes (append new ones).
-EXCHANGES = (gather.EXCHANGE, sum_exchange.EXCHANGE)
+EXCHANGES = (gather.EXCHANGE, sum_exchange.EXCHANGE,
+             reduce_scatter.EXCHANGE)
 
 #: The names of the exchanges: the values of `transport` besides `"auto"`.
 NAMES = tuple(e.name for e in EXCHANGES)
@@ -86,12 +88,12 @@ def auto(codec, num_elements, num_workers):
 
   The all-gather unless another exchange that can carry the codecs sends
   strictly fewer bits (a tie, a nested group or a single worker keep the
-  all-gather).
+  all-gather). Only the exchanges with `automatic` set are candidates.
   """
   best = gather.EXCHANGE.name
   least = exchange_bits(codec, num_elements, num_workers, best)
   for exchange in EXCHANGES:
-    if exchange.name == best:
+    if exchange.name == best or not exchange.automatic:
       continue
     try:
       bits = exchange_bits(codec, num_elements, num_workers, exchange.name)
@@ -103,9 +105,9 @@ def auto(codec, num_elements, num_workers):
 
 
 def bits_summary(codecs, num_elements, num_workers):
-  """`"all_gather 1234, all_reduce 567"`: every exchange's bits, for a log."""
+  """`"all_gather 1234, all_reduce 567"`: the bits of `auto`'s candidates."""
   parts = []
-  for name in NAMES:
+  for name in (e.name for e in EXCHANGES if e.automatic):
     try:
       bits = exchange_bits(codecs, num_elements, num_workers, name)
     except ValueError:

@@ -45,6 +45,8 @@ class Exchange:
   name = None
   #: Words the exchange's transport adds to every sender's payload.
   framing_words = 0
+  #: Whether `transport="auto"` may pick it (`exchanges.auto`).
+  automatic = True
 
   def refusal(self, codec, nested):
     """Why this exchange cannot carry `codec` (a sentence), or None.

@@ -1,6 +1,8 @@
 """Transports: they move packed payloads and know nothing of codecs."""
 
 from ndq_tf.distribute.transports.all_gather import AllGatherTransport
+from ndq_tf.distribute.transports.all_to_all import AllToAllTransport
+from ndq_tf.distribute.transports.all_to_all import DeviceAllToAllTransport
 from ndq_tf.distribute.transports.base import Reception
 from ndq_tf.distribute.transports.base import Reduction
 from ndq_tf.distribute.transports.base import SummingTransport

@@ -22,6 +22,7 @@ __all__ = [
     "HEADER_WORDS",
     "MAGIC",
     "AllGatherTransport",
+    "stamp_checks",
 ]
 
 #: Header of every row: magic, sender, step, payload words, fingerprint.
@@ -100,23 +101,38 @@ class AllGatherTransport(base.Transport):
         "the same program with the same codec and model. (magic, sender, "
         "step, words, fingerprint) per worker:", rows[:, :HEADER_WORDS]],
                                     summarize=HEADER_WORDS * self._num_workers)
-    low = tf.argmin(steps, output_type=tf.int32)
-    high = tf.argmax(steps, output_type=tf.int32)
-    steps_ok = tf.debugging.Assert(
-        tf.equal(steps[low], steps[high]),
-        [f"{self._who}: workers disagree on the compression step, so their "
-         "dither seeds differ and decoding would be silently wrong: worker",
-         senders[low], "sent step", steps[low], "but worker", senders[high],
-         "sent step", steps[high], ". Restore every worker from the same "
-         "checkpoint (the step variable is `strategy.compression_step`)."])
-    low = tf.argmin(prints, output_type=tf.int32)
-    high = tf.argmax(prints, output_type=tf.int32)
-    prints_ok = tf.debugging.Assert(
-        tf.equal(prints[low], prints[high]),
-        [f"{self._who}: workers disagree on what they exchange (the "
-         "fingerprint of their compression options, fusion plan and "
-         "exchange kind), so each would decode the others' payloads "
-         "wrongly: worker", senders[low], "sent fingerprint", prints[low],
-         "but worker", senders[high], "sent", prints[high], ". Every worker "
-         "must run the same program, with the same options and model."])
-    return [header_ok, steps_ok, prints_ok]
+    return [header_ok] + stamp_checks(self._who, senders, steps, prints)
+
+
+def stamp_checks(who, senders, steps, prints):
+  """Asserts that every sender stamped the same step and fingerprint.
+
+  Args:
+    who: how the errors name the program.
+    senders, steps, prints: `int32` `[P]`: each row's sender, step and
+      fingerprint.
+
+  Returns:
+    The two assert ops; each error names a worker of the smallest and one
+    of the largest value.
+  """
+  low = tf.argmin(steps, output_type=tf.int32)
+  high = tf.argmax(steps, output_type=tf.int32)
+  steps_ok = tf.debugging.Assert(
+      tf.equal(steps[low], steps[high]),
+      [f"{who}: workers disagree on the compression step, so their "
+       "dither seeds differ and decoding would be silently wrong: worker",
+       senders[low], "sent step", steps[low], "but worker", senders[high],
+       "sent step", steps[high], ". Restore every worker from the same "
+       "checkpoint (the step variable is `strategy.compression_step`)."])
+  low = tf.argmin(prints, output_type=tf.int32)
+  high = tf.argmax(prints, output_type=tf.int32)
+  prints_ok = tf.debugging.Assert(
+      tf.equal(prints[low], prints[high]),
+      [f"{who}: workers disagree on what they exchange (the "
+       "fingerprint of their compression options, fusion plan and "
+       "exchange kind), so each would decode the others' payloads "
+       "wrongly: worker", senders[low], "sent fingerprint", prints[low],
+       "but worker", senders[high], "sent", prints[high], ". Every worker "
+       "must run the same program, with the same options and model."])
+  return [steps_ok, prints_ok]

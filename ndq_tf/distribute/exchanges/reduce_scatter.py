@@ -1,0 +1,307 @@
+"""The reduce-scatter exchange: bits and decode work flat in the senders.
+
+`transport="reduce_scatter"` (issue #18) over a reduce-scatter transport
+(`ndq_tf.distribute.transports.all_to_all`). With `P` senders and a fused
+buffer of `B` whole buckets (`shard_buckets`: shard `j` holds buckets
+`[⌊jB/P⌋, ⌊(j+1)B/P⌋)`, some empty when `B < P`):
+
+* Stage 1. Every sender encodes each shard of its buffer with its codec,
+  with the seed and the dither that the shard's elements have in the
+  whole buffer (`fusion_codec.encode_flat(..., chunk=shard)`; the codes are
+  those the all-gather would send, slice by slice). The transport hands
+  receiver `j` every sender's shard `j`; it decodes them in sender order
+  (with the senders' steps, which the transport checks) and sums them
+  deterministically (`fusion_sum.sum_senders`). `n/P` elements per sender:
+  `n` dither draws per receiver whatever `P` is.
+* Stage 2. Receiver `j` re-quantizes its reduced shard with DQSG
+  (`stage2_codec`: `reduce_scatter_levels` levels, by default the codec's
+  own for a `DitheredCodec`) and a seed derived from (base seed, step,
+  `STAGE2_SENDER`) at the shard's place in the buffer; an all-gather hands
+  every receiver every reduced shard and each decodes all of them with the
+  same ops, so every receiver ends with bitwise the same sum.
+
+Error: the senders' independent stage-1 errors plus one dithered
+quantization of each bucket of the sum, both unbiased
+(`ndq_tf.theory.reduce_scatter_total_mse`). Cost: about `2(P - 1)/P` codes
+per element and worker (`reduce_scatter_bits`), against the integer
+all-reduce's lanes of `⌈log2(P·(L - 1) + 1)⌉` bits, exact.
+
+Codecs: bucketed codecs without side information (`refusal`). The exchange
+is not cut into `chunk_elements` chunks: its shards are its chunks.
+"""
+
+import math
+
+import tensorflow as tf
+
+from ndq_tf import codecs as ndq_codecs
+from ndq_tf.distribute import fusion_codec
+from ndq_tf.distribute import fusion_plan
+from ndq_tf.distribute import fusion_sum
+from ndq_tf.distribute.exchanges import base
+from ndq_tf.distribute.transports import all_gather as all_gather_transport
+from ndq_tf.distribute.transports import all_to_all
+
+__all__ = [
+    "EXCHANGE",
+    "ReduceScatterExchange",
+    "STAGE2_SENDER",
+    "bits_per_element",
+    "reduce_scatter_bits",
+    "shard_buckets",
+    "shards",
+    "stage2_codec",
+]
+
+#: The sender index whose seed stage 2 draws from (no real sender has it;
+#: -1 is the rotation's, `engine.ROTATION_SENDER`).
+STAGE2_SENDER = -2
+
+_NESTED_REFUSAL = (
+    "the reduce-scatter does not take nested codecs yet (their senders' "
+    "noise state needs every bucket of their own decode); use "
+    "transport='all_gather' (or 'auto')")
+
+
+def shard_buckets(num_buckets, num_shards):
+  """`[(first bucket, buckets)]` of every shard, in shard order.
+
+  Args:
+    num_buckets: `B >= 0`, whole buckets in the buffer.
+    num_shards: `P >= 1`.
+
+  Returns:
+    A list of `P` pairs; the counts differ by at most one.
+  """
+  if num_shards < 1:
+    raise ValueError(f"`num_shards` must be at least 1. Received: "
+                     f"num_shards={num_shards!r}.")
+  bounds = [num_buckets * j // num_shards for j in range(num_shards + 1)]
+  return [(a, b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _stage2(codec, levels=None):
+  own = (codec.num_levels if isinstance(codec, ndq_codecs.DitheredCodec)
+         else None)
+  levels = levels or own or 1
+  if (type(codec) is ndq_codecs.DitheredCodec  # pylint: disable=unidiomatic-typecheck
+      and levels == own and getattr(codec, "rotation", None) is None):
+    return codec
+  return ndq_codecs.DitheredCodec(num_levels=levels,
+                                  bucket_size=codec.bucket_size)
+
+
+def stage2_codec(options):
+  """The DQSG that re-quantizes the reduced shards, for these options.
+
+  `options.reduce_scatter_levels` levels; by default the codec's own
+  `num_levels` when it is a `DitheredCodec`, else 1. A plain
+  `DitheredCodec` with those levels is used as it is.
+  """
+  return _stage2(options.codec, options.reduce_scatter_levels)
+
+
+def _shard_words(codec, elements):
+  return codec.wire_bits(elements) // 32 if elements else 0
+
+
+def reduce_scatter_bits(codecs, num_elements, num_workers, stage2=None):
+  """Bits each worker sends per step in the reduce-scatter exchange.
+
+  `(P - 1)·32·(5 + W1) + (P - 1)·32·(5 + W2)`: stage 1's all-to-all sends
+  `P - 1` rows of the longest shard wire `W1` (words, over senders and
+  shards) and a header; stage 2's ring all-gather sends `P - 1` rows of
+  the longest reduced-shard wire `W2`. About `2(P - 1)/P·b` bits per
+  element for codes of `b` bits, flat in `P` while the shards hold many
+  buckets.
+
+  Args:
+    codecs: one bucketed codec per worker, in sender order (or one codec).
+    num_elements: `n` (whole buckets: `⌈n/d⌉`).
+    num_workers: `P >= 1`.
+    stage2: the codec of the reduced shards; default the exchange's
+      default for `codecs[0]` (`stage2_codec` without
+      `reduce_scatter_levels`).
+
+  Returns:
+    A float (0 for `P = 1`).
+
+  Raises:
+    ValueError: for nested codecs, or codecs without buckets.
+  """
+  codecs = base.sender_codecs(codecs, num_workers)
+  if any(getattr(c, "needs_side_information", False) for c in codecs):
+    raise ValueError(
+        f"The reduce-scatter exchange does not take nested codecs yet. "
+        f"Received: codec={codecs!r}.")
+  d = getattr(codecs[0], "bucket_size", None)
+  if d is None:
+    raise ValueError(
+        f"The reduce-scatter exchange cuts the buffer into shards of whole "
+        f"buckets: `codec` must have a `bucket_size`. Received: "
+        f"codec={codecs[0]!r}.")
+  stage2 = stage2 or _stage2(codecs[0])
+  if num_workers == 1:
+    return 0.0
+  parts = shard_buckets(-(-num_elements // d), num_workers)
+  distinct = {id(c): c for c in codecs}.values()
+  w1 = max(_shard_words(c, m * d) for c in distinct for _, m in parts)
+  w2 = max(_shard_words(stage2, m * d) for _, m in parts)
+  return float(32 * (num_workers - 1) * (
+      all_to_all.SCATTER_HEADER_WORDS + w1
+      + all_gather_transport.HEADER_WORDS + w2))
+
+
+def bits_per_element(codec, num_elements, num_workers, stage2=None):
+  """`reduce_scatter_bits / n`: what `docs/scaling.md` tabulates."""
+  if num_elements <= 0:
+    return math.nan
+  return reduce_scatter_bits(codec, num_elements, num_workers,
+                             stage2) / num_elements
+
+
+def shards(plan, num_shards):
+  """The `fusion_plan.Chunk` of every shard of `plan`'s buffer (some empty).
+
+  Each draws the dither its elements have in the whole buffer.
+  """
+  d = plan.bucket_size
+  if d is None or len(plan.segments) > 1:
+    raise ValueError(
+        f"The reduce-scatter exchange needs a bucketed codec (shards of "
+        f"whole buckets). Received: a plan with bucket_size={d}.")
+  out = []
+  for first, count in shard_buckets(plan.total_size // d, num_shards):
+    start, length = first * d, count * d
+    out.append(fusion_plan.Chunk(start, length, ((0, start, length, start),)))
+  return out
+
+
+def _words(codec, plan, shard):
+  return plan.chunk_wire_words(codec, shard) if shard.length else 0
+
+
+def _nothing():
+  return tf.zeros([0], tf.int32)
+
+
+class ReduceScatterExchange(base.Exchange):
+  """Shards reduced by their receivers, re-quantized, then all-gathered."""
+
+  name = "reduce_scatter"
+  #: The header of every stage-1 row (magic, sender, shard, step,
+  #: fingerprint); stage 2's all-gather rows add its own header.
+  framing_words = all_to_all.SCATTER_HEADER_WORDS
+  #: `transport="auto"` does not pick it: its extra re-quantization error
+  #: is not a cost in bits or work (docs/algorithms.md).
+  automatic = False
+
+  def refusal(self, codec, nested):
+    if nested:
+      return _NESTED_REFUSAL
+    if getattr(codec, "bucket_size", None) is None:
+      return ("the reduce-scatter cuts the buffer into shards of whole "
+              "buckets, so `codec` must have a `bucket_size`; use "
+              "transport='all_gather' or 'all_reduce'")
+    return None
+
+  def bits(self, codecs, num_elements, num_workers):
+    """`reduce_scatter_bits` with the default stage-2 codec."""
+    return reduce_scatter_bits(codecs, num_elements, num_workers)
+
+  def work(self, codecs, num_elements, num_workers):
+    """Stage 1 decodes `P` shards of `n/P`, stage 2 as many: two buffers.
+
+    `decodes` counts whole buffers; the dither draws are the senders'
+    encode and the shards' decode of stage 1, plus stage 2's DQSG (its
+    encode of one shard and its decode of all of them).
+    """
+    codec, n = codecs[0], num_elements
+    draws = n if getattr(codec, "needs_encode_seed", False) else 0
+    draws += n if getattr(codec, "decoder_needs_seed", False) else 0
+    draws += -(-n // num_workers) + n
+    return base.Work(dither_draws=draws, decodes=2)
+
+  def run(self, engine, transport, codecs, plan, senders, step, mean,
+          divisor, lossless_values, mark):
+    """Encodes shards, reduces them, re-quantizes and gathers the sums."""
+    num_senders = transport.num_senders
+    for c in codecs:
+      if c.needs_side_information or c.bucket_size is None:
+        raise ValueError(
+            f"transport='reduce_scatter' takes bucketed codecs without side "
+            f"information. Received: codec={c!r}.")
+    second = stage2_codec(engine.options)
+    parts = shards(plan, num_senders)
+    words = [[_words(c, plan, s) for s in parts] for c in codecs]
+    words2 = [_words(second, plan, s) for s in parts]
+
+    rows = []
+    for x in senders:
+      with tf.device(x.device), tf.name_scope("ndq_encode"):
+        fused = plan.flatten(x.tensors)
+        seed = engine.seed(x.index, step)
+        rows.append((x.index, x.device, [
+            fusion_codec.encode_flat(codecs[x.index],
+                                     fused[s.start:s.start + s.length], seed,
+                                     plan, chunk=s)
+            if s.length else _nothing() for s in parts]))
+    with tf.name_scope("ndq_exchange"):
+      receptions = transport.scatter(rows, words, step, fingerprint=mark)
+
+    reduced = []
+    for r in receptions:
+      shard = parts[r.local_sender]
+      with tf.device(r.device), tf.name_scope("ndq_decode"), \
+          tf.control_dependencies(r.checks):
+        if not shard.length:
+          reduced.append((r.local_sender, r.device, _nothing()))
+          continue
+        # Every sender's seed from the step it stamped (checked equal).
+        seeds = [engine.seed(i, step if r.steps is None else r.steps[i])
+                 for i in range(num_senders)]
+        total = fusion_sum.sum_senders(fusion_codec.decode_senders(
+            codecs, r.wires, seeds, plan, chunk=shard))
+      with tf.device(r.device), tf.name_scope("ndq_encode"):
+        reduced.append((r.local_sender, r.device, fusion_codec.encode_flat(
+            second, total, engine.seed(STAGE2_SENDER, step), plan,
+            chunk=shard)))
+    with tf.name_scope("ndq_exchange"):
+      gathered = transport.gather.exchange(reduced, words2, step,
+                                           fingerprint=mark)
+
+    results = []
+    for k, g in enumerate(gathered):
+      if transport.shared_memory and k > 0:
+        # One memory: the first receiver's decode serves all.
+        with tf.device(g.device), tf.name_scope("ndq_sum"):
+          results.append([tf.identity(t) for t in results[0]])
+        continue
+      with tf.device(g.device), tf.name_scope("ndq_decode"), \
+          tf.control_dependencies(g.checks):
+        pieces = []
+        for j, shard in enumerate(parts):
+          if shard.length:
+            seed = engine.seed(STAGE2_SENDER,
+                               step if g.steps is None else g.steps[j])
+            pieces.append(fusion_codec.decode_senders(
+                [second], [g.wires[j]], [seed], plan, chunk=shard)[0])
+        total = tf.concat(pieces, axis=0) if len(pieces) > 1 else pieces[0]
+      with tf.device(g.device), tf.name_scope("ndq_sum"):
+        if mean:
+          total = total / float(divisor or num_senders)
+        results.append(plan.split(total))
+
+    local = [x.index for x in senders]
+    payload_words = sum(sum(words[i]) + words2[i] for i in local)
+    engine.record(
+        transport, plan, senders, lossless_values,
+        payload_bits=32 * payload_words,
+        framing_bits=(transport.framing_bits(words, local)
+                      + transport.gather.framing_bits(words2, local)),
+        link_bits=len(senders) * reduce_scatter_bits(
+            codecs, plan.total_size, num_senders, second))
+    return results
+
+
+EXCHANGE = ReduceScatterExchange()

@@ -1,0 +1,207 @@
+"""All-to-all of framed shards, then an all-gather: the reduce-scatter transport.
+
+The transport of `transport="reduce_scatter"`
+(`ndq_tf.distribute.exchanges.reduce_scatter`). Stage 1 (`scatter`): every sender
+has cut its payload into one wire per shard, and receiver `j` gets shard
+`j` of every sender, in sender order. Stage 2 (`gather`, a `Transport`):
+every receiver's one payload (its encoded reduced shard) goes to every
+receiver. Like the other transports it never looks inside a payload.
+
+Two implementations:
+
+* `AllToAllTransport` (multi-worker): one `CollectiveAllToAllV2`
+  (`tf_internals.all_to_all`) of a `[P, SCATTER_HEADER_WORDS + W]` `int32`
+  array, row `j` for worker `j`: a header (magic, sender, shard, step,
+  fingerprint) and the shard's wire, zero-padded to the longest shard
+  wire `W` of the exchange. The received rows are put in sender order and
+  checked as `AllGatherTransport` checks its rows: a malformed header, a
+  shard meant for another worker, steps or fingerprints that disagree
+  stop the step with an error naming them. Stage 2 is an
+  `AllGatherTransport`.
+* `DeviceAllToAllTransport` (`ndq_tf.MirroredStrategy`): device copies in
+  one process, stage 2 a `DeviceCopyTransport`.
+
+Cost per worker and step of stage 1: it sends `P - 1` rows of
+`SCATTER_HEADER_WORDS + W` words (its own row stays).
+"""
+
+import tensorflow as tf
+
+from ndq_tf.distribute.transports import all_gather
+from ndq_tf.distribute.transports import base
+from ndq_tf.distribute.transports import device_copy
+
+__all__ = [
+    "SCATTER_HEADER_WORDS",
+    "SCATTER_MAGIC",
+    "AllToAllTransport",
+    "DeviceAllToAllTransport",
+]
+
+#: Header of every stage-1 row: magic, sender, shard, step, fingerprint.
+SCATTER_HEADER_WORDS = 5
+SCATTER_MAGIC = 0x4E445253  # "NDRS"
+
+
+def _check_rows(local_rows, words, num_senders):
+  for sender, _, wires in local_rows:
+    if len(wires) != num_senders or len(words[sender]) != num_senders:
+      raise ValueError(
+          f"Every sender sends one wire per shard ({num_senders}). Received: "
+          f"{len(wires)} wires and {len(words[sender])} lengths from sender "
+          f"{sender}.")
+
+
+class AllToAllTransport:
+  """Shards by one collective all-to-all; reduced shards by an all-gather.
+
+  Args:
+    all_to_all: a function `(int32 [P, k]) -> int32 [P, k]`, row `i` of the
+      result from the worker of rank `i` (`tf_internals.all_to_all` bound to
+      a `CollectiveReplicaLauncher` and its options).
+    gather: the `AllGatherTransport` of stage 2, over the same workers.
+    num_workers: workers (senders and receivers) in the job.
+    worker_id: this worker's index, `0 <= worker_id < num_workers`; it
+      receives shard `worker_id`.
+    device: this worker's exchange device.
+    who: how the errors name the program (e.g. the strategy's class).
+  """
+
+  name = "reduce_scatter"
+  shared_memory = False
+
+  def __init__(self, all_to_all, gather, num_workers, worker_id, device,
+               who="ndq_tf.MultiWorkerMirroredStrategy"):
+    self._all_to_all = all_to_all
+    self.gather = gather
+    self._num_workers = num_workers
+    self._worker_id = base.check_worker_id(worker_id, num_workers)
+    self._device = device
+    self._who = who
+
+  @property
+  def num_senders(self):
+    return self._num_workers
+
+  def framing_bits(self, words, local_senders):
+    """Stage 1's bits beyond the payloads: headers and padding, own row too.
+
+    Args:
+      words: `words[i][j]`, words of sender `i`'s wire of shard `j`.
+      local_senders: the senders this process encodes.
+    """
+    row = SCATTER_HEADER_WORDS + max(max(w) for w in words)
+    return 32 * sum(self._num_workers * row - sum(words[k])
+                    for k in local_senders)
+
+  def scatter(self, local_rows, words, step, fingerprint=0):
+    """Hands shard `j` of every sender to receiver `j`.
+
+    Args:
+      local_rows: `(sender index, device, [wire of shard j for every j])`
+        of every sender this process encodes.
+      words: `words[i][j]`, the length of sender `i`'s wire of shard `j`,
+        for every sender.
+      step: the `int32` step of this exchange, stamped on every row.
+      fingerprint: the exchange's `int32` fingerprint, stamped and checked.
+
+    Returns:
+      A list of `base.Reception`, one per receiver of this process; its
+      `local_sender` is the receiver's index, so the shard it holds.
+    """
+    ((sender, _, wires),) = local_rows
+    if sender != self._worker_id:
+      raise ValueError(
+          f"This worker sends as sender {self._worker_id}. Received: "
+          f"{sender}.")
+    _check_rows(local_rows, words, self._num_workers)
+    p = self._num_workers
+    width = max(max(w) for w in words)
+    with tf.device(self._device):
+      rows = []
+      for j, wire in enumerate(wires):
+        header = tf.stack([
+            tf.constant(SCATTER_MAGIC, tf.int32),
+            tf.constant(sender, tf.int32), tf.constant(j, tf.int32),
+            tf.cast(step, tf.int32), tf.constant(fingerprint, tf.int32)])
+        rows.append(tf.concat(
+            [header, wire, tf.zeros([width - words[sender][j]], tf.int32)],
+            axis=0))
+      received = self._all_to_all(tf.stack(rows, axis=0))
+      received = tf.reshape(received, [p, SCATTER_HEADER_WORDS + width])
+      # Sender order, whatever rank order the collective used.
+      received = tf.gather(received,
+                           tf.argsort(received[:, 1], stable=True))
+      checks = self._check_headers(received, [w[self._worker_id]
+                                              for w in words])
+      with tf.control_dependencies(checks):
+        shard_wires = [
+            received[i, SCATTER_HEADER_WORDS:
+                     SCATTER_HEADER_WORDS + words[i][self._worker_id]]
+            for i in range(p)]
+      return [base.Reception(device=self._device, wires=shard_wires,
+                             steps=received[:, 3],
+                             local_sender=self._worker_id, checks=checks)]
+
+  def _check_headers(self, rows, lengths):
+    del lengths  # The shard layout is in the fingerprint.
+    magic, senders, shards, steps, prints = (rows[:, i] for i in range(5))
+    p = self._num_workers
+    well_formed = tf.reduce_all(tf.stack([
+        tf.reduce_all(tf.equal(magic, SCATTER_MAGIC)),
+        tf.reduce_all(tf.equal(senders, tf.range(p, dtype=tf.int32))),
+        tf.reduce_all(tf.equal(shards, self._worker_id)),
+    ]))
+    header_ok = tf.debugging.Assert(well_formed, [
+        f"{self._who}: malformed reduce-scatter shard at worker "
+        f"{self._worker_id}; every worker must run the same program with "
+        "the same codec and model. (magic, sender, shard, step, "
+        "fingerprint) per sender:", rows[:, :SCATTER_HEADER_WORDS]],
+                                    summarize=SCATTER_HEADER_WORDS * p)
+    return [header_ok] + all_gather.stamp_checks(self._who, senders, steps,
+                                                 prints)
+
+
+class DeviceAllToAllTransport:
+  """The reduce-scatter transport of replicas in one process: device copies.
+
+  Receiver `j` (replica `j`'s device) gets a copy of every replica's wire
+  of shard `j`; stage 2 is a `DeviceCopyTransport`. On the host's CPU
+  devices nothing moves (`shared_memory`): the engine then decodes the
+  reduced shards once for every replica.
+
+  Args:
+    devices: the replicas' devices, in sender order.
+  """
+
+  name = "reduce_scatter"
+
+  def __init__(self, devices):
+    self._devices = tuple(devices)
+    self.shared_memory = base.shares_memory(self._devices)
+    self.gather = device_copy.DeviceCopyTransport(self._devices)
+
+  @property
+  def num_senders(self):
+    return len(self._devices)
+
+  def framing_bits(self, words, local_senders):
+    del words, local_senders  # Nothing framed inside one process.
+    return 0
+
+  def scatter(self, local_rows, words, step, fingerprint=0):
+    """As `AllToAllTransport.scatter`, every sender local."""
+    del step, fingerprint  # One process, one counter, one options object.
+    rows = [w for _, _, w in sorted(local_rows, key=lambda x: x[0])]
+    if len(rows) != len(self._devices):
+      raise ValueError(
+          f"Every replica sends its shards. Received: {len(rows)} senders "
+          f"for {len(self._devices)} replicas.")
+    _check_rows(local_rows, words, len(self._devices))
+    receptions = []
+    for j, device in enumerate(self._devices):
+      with tf.device(device):
+        receptions.append(base.Reception(
+            device=device, wires=[tf.identity(w[j]) for w in rows],
+            steps=None, local_sender=j, checks=[]))
+    return receptions

@@ -1,0 +1,102 @@
+"""The reduce-scatter exchange (#18) on real worker processes.
+
+`ndq_tf.MultiWorkerMirroredStrategy(codec, transport="reduce_scatter")` in
+local jobs of 2, 4 and 8 workers on 127.0.0.1 (one CPU device each),
+started through `ndq_tf/launch.py`. Every worker runs the script of
+test_all_reduce_multi_worker.py (tests/multi_worker_scripts/
+all_reduce_worker.py: `model.fit` of a 32-64-2 MLP whose one compressed
+gradient, the 32x64 kernel, is 4 buckets: at 8 workers half the shards are
+empty). One job per P, two waves (at most 10 TensorFlow processes at a
+time):
+
+* `p8`, `p2`: 10 steps; identical SHA-256 weights on every worker, the
+  telemetry's transport and the cost model's link bits;
+* `p4`: the same; `die`: 2 workers, worker 1 exits with code 3 at the
+  start of step 5 and the launcher ends the job on every worker.
+"""
+
+import pytest
+
+import multi_worker_job
+import test_all_reduce_multi_worker as all_reduce_jobs
+
+TRANSPORT = "reduce_scatter"
+STEPS = all_reduce_jobs.STEPS
+JOB_TIMEOUT = 300  # Seconds, for each launcher.
+WAVES = (
+    {"p8": (8, ["--steps", str(STEPS)]), "p2": (2, ["--steps", str(STEPS)])},
+    {"p4": (4, ["--steps", str(STEPS)]),
+     "die": (2, ["--steps", str(STEPS), "--die_at_step",
+                 str(all_reduce_jobs.DIE_AT_STEP), "--die_worker", "1"])},
+)
+JOBS = {name: job for wave in WAVES for name, job in wave.items()}
+
+
+class _Jobs:
+  """The jobs of the file; the second wave starts once the first is done."""
+
+  def __init__(self, tmp_path_factory):
+    self._tmp = tmp_path_factory
+    self._jobs = {}
+    self._start(WAVES[0])
+
+  def _start(self, wave):
+    for name, (num_workers, args) in wave.items():
+      args = ["--codec", all_reduce_jobs.CODEC, "--transport", TRANSPORT] + args
+      out_dir = self._tmp.mktemp(f"reduce_scatter_{name}")
+      if name == "die":
+        self._jobs[name] = all_reduce_jobs._FailingRun(  # pylint: disable=protected-access
+            args, out_dir, num_workers, JOB_TIMEOUT)
+      else:
+        self._jobs[name] = multi_worker_job.MultiWorkerJob(
+            all_reduce_jobs.WORKER, args, out_dir, all_reduce_jobs.MARKER,
+            num_workers=num_workers, timeout=JOB_TIMEOUT, name=name)
+
+  def __getitem__(self, name):
+    if name not in self._jobs:
+      for first in WAVES[0]:
+        try:
+          self._jobs[first].results()
+        except pytest.fail.Exception:
+          pass  # Reported by that job's test.
+      self._start(WAVES[1])
+    return self._jobs[name]
+
+  def stop(self):
+    for job in self._jobs.values():
+      job.stop()
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+  started = _Jobs(tmp_path_factory)
+  try:
+    yield started
+  finally:
+    started.stop()
+
+
+@pytest.mark.parametrize("name", ["p2", "p4", "p8"])
+def test_fit_keeps_workers_bitwise_identical_with_the_models_bits(jobs, name):
+  """10 `model.fit` steps: the same weights, the telemetry, the model's bits.
+
+  Every worker decodes the same re-quantized shards with the same ops, so
+  the weights agree to the bit.
+  """
+  num_workers = JOBS[name][0]
+  results = jobs[name].results()
+  assert len(results) == num_workers
+  all_reduce_jobs._check_training(  # pylint: disable=protected-access
+      results, num_workers, TRANSPORT, STEPS)
+
+
+def test_dying_worker_stops_the_job_on_every_worker(jobs):
+  run = jobs["die"]
+  code, output = run.result()
+  assert code == 3, output[-5000:]  # The dying worker's code.
+  step = all_reduce_jobs.DIE_AT_STEP
+  assert f"worker 1 dies at step {step}" in output, output[-5000:]
+  assert "[launch] worker 1 failed with exit code 3" in output, output[-5000:]
+  assert f"] {all_reduce_jobs.MARKER} {{" not in output  # Nobody finished.
+  died = all_reduce_jobs._died_at(output)  # pylint: disable=protected-access
+  assert run.ended - died < all_reduce_jobs.STOP_WITHIN, output[-5000:]
