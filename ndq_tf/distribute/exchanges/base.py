@@ -81,7 +81,7 @@ class Exchange:
 
     Args:
       engine: the `ExchangeEngine` (its options, `seed`, `nested_state`,
-        `_update_nested_state` and `_record`).
+        `update_nested_state` and `record`).
       transport: the transport of this exchange (`engine.exchange`'s
         `transports[self.name]`).
       codecs: one codec per sender, in sender order.
