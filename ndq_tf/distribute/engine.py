@@ -54,6 +54,7 @@ from ndq_tf import theory
 from ndq_tf.distribute import fingerprint
 from ndq_tf.distribute import fusion
 from ndq_tf.distribute import nested_state
+from ndq_tf.distribute import ready_order
 from ndq_tf.distribute import scope
 from ndq_tf.distribute import telemetry as telemetry_lib
 from ndq_tf.distribute import tf_internals
@@ -318,6 +319,11 @@ class ExchangeEngine(tf.Module):
     options = self._options
     mean = _as_reduce_op(reduce_op) == tf.distribute.ReduceOp.MEAN
     num_senders = transports["all_gather"].num_senders
+    # Fused in the order the backward pass produces them: chunk 0 then
+    # needs only the last layers' gradients (`ready_order`).
+    order = ready_order.ready_order(len(senders[0].tensors))
+    senders = [x._replace(tensors=ready_order.in_ready_order(x.tensors, order))
+               for x in senders]
     codecs = options.sender_codecs(num_senders)
     plan = fusion.FusionPlan.from_tensors(senders[0].tensors,
                                           codecs[0].bucket_size)
@@ -343,7 +349,7 @@ class ExchangeEngine(tf.Module):
                                       lossless_values, mark)
     with tf.device(self._device):
       self.step.assign_add(1)
-    return results
+    return [ready_order.in_call_order(r, order) for r in results]
 
   def _exchange_gather(self, transport, codecs, plan, senders, step, mean,
                        divisor, lossless_values, mark):
