@@ -32,7 +32,8 @@ Printed: ms per phase per device of the drawn step (sums of op durations:
 ops of one device overlap when TF runs them on several threads, so a row can
 exceed the step), the fraction of the exchange's time that overlaps the
 encoding or decoding of another chunk (0 when the exchange is not split),
-the link time (the gradient exchange's collectives, launch to completion)
+the link time (the gradient exchange's collectives and transfers, launch
+to completion)
 and the fraction of it that overlaps the backward pass, and each chunk's
 span per phase.
 
@@ -406,14 +407,16 @@ def _is_gradient_exchange(op):
 
 
 def link_ops(ops):
-  """The exchange ops of the gradients: the engine's, else every collective.
+  """The ops that move the gradients: collectives and transfers.
 
-  The engine's exchange ops are named under `ndq_exchange`; other
-  collectives (the loss's `strategy.reduce`) are left out when there are
-  any, and are all there is for TF's own strategies.
+  Those under the engine's `ndq_exchange` when there are any (the loss's
+  `strategy.reduce` is left out), else every collective (TF's own
+  strategies); not the small ops that build a payload's header.
   """
-  ours = [o for o in ops if _is_gradient_exchange(o)]
-  return ours or [o for o in ops if o.phase == "exchange"]
+  moving = [o for o in ops if o.phase == "exchange"
+            and o.type in _COLLECTIVES | _TRANSFERS]
+  ours = [o for o in moving if _is_gradient_exchange(o)]
+  return ours or moving
 
 
 def backward_overlap(ops):
@@ -763,14 +766,15 @@ def main(argv):
   link_ms, overlapped_ms = backward_overlap(ops)
   backward_ms = _length(_union([(o.start, o.end) for o in ops
                                 if o.phase == "backward"]))
-  print(f"link time (the gradient exchange's ops, launch to completion): "
+  print(f"link time (the gradient exchange's collectives, launch to "
+        f"completion): "
         f"{link_ms:.2f} ms, of which {overlapped_ms:.2f} ms "
         f"({overlapped_ms / link_ms if link_ms else 0:.1%}) during the "
         f"backward pass ({backward_ms:.2f} ms)")
   for label, phases in chunk_rows(ops)[1:]:
     print(f"  {label}: " + ", ".join(
-        f"{p} {min(a for a, _ in v):.1f}-{max(b for _, b in v):.1f} ms"
-        for p, v in phases.items() if v))
+        f"{p} {min(a for a, _ in v):.1f}-{max(b for _, b in v):.1f} ms "
+        f"({_length(v):.1f} busy)" for p, v in phases.items() if v))
   print(f"wrote {_OUT.value}")
   if worker is not None:
     # One more step with the others, which wait in it meanwhile: a worker
