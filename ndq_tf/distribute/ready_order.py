@@ -48,23 +48,25 @@ def ready_order(count):
   return tuple(range(count - 1, -1, -1))
 
 
-def in_ready_order(values, order):
-  """`values` (one per tensor of the call) rearranged into `order`."""
+def _check_order(values, order):
+  """`values` as a list, if `order` is a permutation of its indices."""
   values = list(values)
   if sorted(order) != list(range(len(values))):
     raise ValueError(
         f"`order` must be a permutation of the {len(values)} values. "
         f"Received: order={tuple(order)!r}.")
+  return values
+
+
+def in_ready_order(values, order):
+  """`values` (one per tensor of the call) rearranged into `order`."""
+  values = _check_order(values, order)
   return [values[i] for i in order]
 
 
 def in_call_order(values, order):
   """Inverse of `in_ready_order`: back to the call's order."""
-  values = list(values)
-  if sorted(order) != list(range(len(values))):
-    raise ValueError(
-        f"`order` must be a permutation of the {len(values)} values. "
-        f"Received: order={tuple(order)!r}.")
+  values = _check_order(values, order)
   out = [None] * len(values)
   for position, index in enumerate(order):
     out[index] = values[position]
