@@ -9,7 +9,8 @@ owns, for both alike:
   shape) with a static shape, the same shape and dtype on every replica,
   at least `min_elements` elements, reduced to their own devices, across at
   least two senders, outside `ndq_tf.distribute.uncompressed()`;
-* the fusion plan (`fusion.FusionPlan`) and the seeds: sender `s` at step
+* the fusion plan (`fusion.FusionPlan`) of the call's tensors in the order
+  the backward pass produces them (`ready_order`), and the seeds: sender `s` at step
   `t` draws its dither from `fold_seed(fold_seed([seed, SEED_TAG], t), s)`;
 * the exchange's fingerprint (`fingerprint`: options, plan, kind), which
   the transports stamp and check beside the step;
