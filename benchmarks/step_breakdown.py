@@ -24,10 +24,18 @@ A profiler trace holds ops by name and thread, not by device: the device of
 each op comes from the partitioned graphs of the step function (run metadata
 of its first call, when TF places and partitions it).
 
+Below it, on the same time axis, one row for the backward pass and one per
+chunk with that chunk's encode, exchange, decode and sum (issue #20: with
+the chunks in ready order, chunk 0's exchange runs during the backward).
+
 Printed: ms per phase per device of the drawn step (sums of op durations:
 ops of one device overlap when TF runs them on several threads, so a row can
-exceed the step), and the fraction of the exchange's time that overlaps the
-encoding or decoding of another chunk (0 when the exchange is not split).
+exceed the step), the fraction of the exchange's time that overlaps the
+encoding or decoding of another chunk (0 when the exchange is not split),
+the link time (the gradient exchange's collectives and transfers, launch
+to completion)
+and the fraction of it that overlaps the backward pass, and each chunk's
+span per phase.
 
 `--strategy=multi_worker` starts `--num_workers` one-CPU workers through
 `ndq_tf.launch` (the script again, in each); worker 0 traces and draws, the
@@ -249,6 +257,63 @@ def exchange_overlap(ops):
   return overlapped / total if total else 0.0
 
 
+def _is_gradient_exchange(op):
+  """Whether `op` moves the compressed gradients (the engine's exchange)."""
+  return op.phase == "exchange" and "ndq_exchange" in op.name
+
+
+def link_ops(ops):
+  """The ops that move the gradients: collectives and transfers.
+
+  Those under the engine's `ndq_exchange` when there are any (the loss's
+  `strategy.reduce` is left out), else every collective (TF's own
+  strategies); not the small ops that build a payload's header.
+  """
+  moving = [o for o in ops if o.phase == "exchange"
+            and o.type in _COLLECTIVES | _TRANSFERS]
+  ours = [o for o in moving if _is_gradient_exchange(o)]
+  return ours or moving
+
+
+def backward_overlap(ops):
+  """Link time, and the part of it that overlaps the backward pass.
+
+  The link time is the union (over devices and threads) of the gradient
+  exchange's ops (`link_ops`), from each collective's launch to its
+  completion, so it includes waiting for the other workers; the backward
+  pass is the union of the backward ops.
+
+  Returns:
+    `(link_ms, overlapped_ms)`.
+  """
+  link = _union([(o.start, o.end) for o in link_ops(ops)])
+  backward = _union([(o.start, o.end) for o in ops if o.phase == "backward"])
+  return _length(link), _intersection(link, backward)
+
+
+def chunk_rows(ops):
+  """`[(label, {phase: union of intervals})]`: backward, then each chunk.
+
+  The rows of the timeline's lower panel: the backward pass, then one row
+  per chunk (one row `exchange` when it is not split) with the union of
+  its encode, exchange, decode and sum ops.
+  """
+  rows = [("backward", {"backward": _union(
+      [(o.start, o.end) for o in ops if o.phase == "backward"])})]
+  chunks = sorted({o.chunk for o in ops if o.chunk is not None})
+  keys = chunks or [None]
+  link = set(map(id, link_ops(ops)))
+  for k in keys:
+    phases = collections.OrderedDict()
+    for phase in ("encode", "exchange", "decode", "sum"):
+      phases[phase] = _union([
+          (o.start, o.end) for o in ops
+          if o.phase == phase and (k is None or o.chunk == k)
+          and (phase != "exchange" or id(o) in link)])
+    rows.append(("exchange" if k is None else f"chunk {k}", phases))
+  return rows
+
+
 def _device_key(device):
   match = re.match(r"([A-Za-z_]+):(\d+)$", device)
   return (0, match.group(1), int(match.group(2))) if match else (1, device, 0)
@@ -314,8 +379,12 @@ def render(ops, step_ms, title, path):
     for lane in range(count):
       label = device if lane == 0 else f"{device} ·{lane + 1}"
       rows.append((label, [op for i, op in lanes if i == lane]))
-  height = max(2.8, 0.32 * len(rows) + 1.9)
-  fig, ax = plt.subplots(figsize=(13, height))
+  lower = chunk_rows(ops)
+  top = 0.32 * len(rows) + 0.6
+  bottom = 0.36 * len(lower) + 0.6
+  fig, (ax, ax2) = plt.subplots(
+      2, 1, figsize=(13, max(3.6, top + bottom + 1.9)), sharex=True,
+      gridspec_kw={"height_ratios": [top, bottom]})
   for y, (_, row_ops) in enumerate(rows):
     for op in row_ops:
       width = max(op.end - op.start, 1e-3)
@@ -331,8 +400,31 @@ def render(ops, step_ms, title, path):
   ax.set_ylim(len(rows) - 0.5, -0.5)
   ax.set_yticks(range(len(rows)))
   ax.set_yticklabels([label for label, _ in rows], fontsize=8)
-  ax.set_xlabel("ms from the step's start (a row per device; ·2, ·3: "
-                "its ops running at the same time on other threads)")
+  # The lower panel: the backward pass and each chunk's phases, one strip
+  # per phase, on the same time axis.
+  strips = ("encode", "exchange", "decode", "sum")
+  for y, (_, phases) in enumerate(lower):
+    for phase, intervals in phases.items():
+      if phase == "backward":
+        y0, h = y - 0.4, 0.8
+      else:
+        h = 0.8 / len(strips)
+        y0 = y - 0.4 + strips.index(phase) * h
+      for a, b in intervals:
+        ax2.add_patch(patches.Rectangle((a, y0), max(b - a, 1e-3), h,
+                                        facecolor=PHASES[phase],
+                                        edgecolor="none"))
+  link_ms, overlapped_ms = backward_overlap(ops)
+  ax2.set_ylim(len(lower) - 0.5, -0.5)
+  ax2.set_yticks(range(len(lower)))
+  ax2.set_yticklabels([label for label, _ in lower], fontsize=8)
+  ax2.set_title(
+      f"each chunk: encode, exchange, decode, sum (top to bottom); link "
+      f"time {link_ms:.1f} ms, {overlapped_ms / link_ms if link_ms else 0:.0%}"
+      " of it during the backward pass", fontsize=8)
+  ax2.grid(axis="x", alpha=0.3)
+  ax2.set_xlabel("ms from the step's start (top: a row per device; ·2, ·3: "
+                 "its ops running at the same time on other threads)")
   present = [p for p in PHASES if any(o.phase == p for o in ops)]
   ax.legend(handles=[patches.Patch(color=PHASES[p], label=p) for p in present],
             loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(present),
@@ -527,6 +619,18 @@ def main(argv):
   print(format_table(table, step_ms))
   print(f"exchange chunks: {len(chunks) or 'not split'}; exchange time "
         f"overlapped with other chunks' encode/decode: {overlap:.1%}")
+  link_ms, overlapped_ms = backward_overlap(ops)
+  backward_ms = _length(_union([(o.start, o.end) for o in ops
+                                if o.phase == "backward"]))
+  print(f"link time (the gradient exchange's collectives, launch to "
+        f"completion): "
+        f"{link_ms:.2f} ms, of which {overlapped_ms:.2f} ms "
+        f"({overlapped_ms / link_ms if link_ms else 0:.1%}) during the "
+        f"backward pass ({backward_ms:.2f} ms)")
+  for label, phases in chunk_rows(ops)[1:]:
+    print(f"  {label}: " + ", ".join(
+        f"{p} {min(a for a, _ in v):.1f}-{max(b for _, b in v):.1f} ms "
+        f"({_length(v):.1f} busy)" for p, v in phases.items() if v))
   print(f"wrote {_OUT.value}")
   if worker is not None:
     # One more step with the others, which wait in it meanwhile: a worker

@@ -18,6 +18,7 @@ from ndq_tf import theory
 from ndq_tf.distribute import engine as engine_lib
 from ndq_tf.distribute import fusion
 from ndq_tf.distribute import nested_state
+from ndq_tf.distribute import ready_order
 from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
 from ndq_tf.distribute.mirrored import MirroredStrategy
 
@@ -79,9 +80,14 @@ def _reduce(strategy, per_replica):
 
 
 def _replay(ops, per_replica, step, noise_scale=None):
-  """The senders' wires and decodes of one call, rebuilt from the seeds."""
+  """The senders' wires and decodes of one call, rebuilt from the seeds.
+
+  The engine fuses the call's tensors in ready order (`ready_order`).
+  """
   codecs = ops.options.sender_codecs(NUM_REPLICAS)
-  tensors = [[tf.constant(t) for t in r] for r in per_replica]
+  order = ready_order.ready_order(len(per_replica[0]))
+  tensors = [[tf.constant(t) for t in ready_order.in_ready_order(r, order)]
+             for r in per_replica]
   plan = fusion.FusionPlan.from_tensors(tensors[0], D)
   base = tf.constant([ops.seed, engine_lib.SEED_TAG], tf.int32)
   seeds = [fusion.derive_seed(base, step, s) for s in range(NUM_REPLICAS)]
@@ -239,7 +245,9 @@ def test_batch_reduce_is_identical_everywhere_and_within_the_bound(noise):
   # Ground truth per sender: the same wires, rebuilt from the same seeds.
   codecs, plan, wires, decoded, side, fused = _replay(ops, per_replica,
                                                      step=0)
-  mean = np.concatenate([c[0].numpy().ravel() for c in results])
+  mean = np.concatenate([c[0].numpy().ravel() for c in
+                         ready_order.in_ready_order(
+                             results, ready_order.ready_order(len(results)))])
   real = _real_mask(plan)
   np.testing.assert_allclose(mean, np.mean(decoded, axis=0)[real],
                              rtol=0, atol=1e-5)

@@ -9,8 +9,10 @@ owns, for both alike:
   shape) with a static shape, the same shape and dtype on every replica,
   at least `min_elements` elements, reduced to their own devices, across at
   least two senders, outside `ndq_tf.distribute.uncompressed()`;
-* the fusion plan (`fusion_plan.FusionPlan`) and the seeds: sender `s` at step
-  `t` draws its dither from `fold_seed(fold_seed([seed, SEED_TAG], t), s)`;
+* the fusion plan (`fusion_plan.FusionPlan`) of the call's tensors in the
+  order the backward pass produces them (`ready_order`), and the seeds:
+  sender `s` at step `t` draws its dither from
+  `fold_seed(fold_seed([seed, SEED_TAG], t), s)`;
 * the exchange's fingerprint (`fingerprint`: options, plan, kind), which
   the transports stamp and check beside the step;
 * the senders' codecs (the reference group P1 first, then the nested
@@ -39,6 +41,7 @@ from ndq_tf.distribute import fingerprint
 from ndq_tf.distribute import fusion_codec
 from ndq_tf.distribute import fusion_plan
 from ndq_tf.distribute import nested_state
+from ndq_tf.distribute import ready_order
 from ndq_tf.distribute import scope
 from ndq_tf.distribute import telemetry as telemetry_lib
 from ndq_tf.distribute import tf_internals
@@ -271,6 +274,11 @@ class ExchangeEngine(tf.Module):
     options = self._options
     mean = _as_reduce_op(reduce_op) == tf.distribute.ReduceOp.MEAN
     num_senders = transports["all_gather"].num_senders
+    # Fused in the order the backward pass produces them: chunk 0 then
+    # needs only the last layers' gradients (`ready_order`).
+    order = ready_order.ready_order(len(senders[0].tensors))
+    senders = [x._replace(tensors=ready_order.in_ready_order(x.tensors, order))
+               for x in senders]
     codecs = options.sender_codecs(num_senders)
     plan = fusion_plan.FusionPlan.from_tensors(senders[0].tensors,
                                                codecs[0].bucket_size)
@@ -291,7 +299,7 @@ class ExchangeEngine(tf.Module):
                                       lossless_values, mark)
     with tf.device(self._device):
       self.step.assign_add(1)
-    return results
+    return [ready_order.in_call_order(r, order) for r in results]
 
   def update_nested_state(self, variables, senders, statistics, plan):
     """Stores the local nested senders' noise state and telemetry."""
