@@ -565,7 +565,7 @@ def _fit_nested(data, baseline_bits, count, adaptive, seed):
 
 def test_digits_nested_half_reference_within_half_a_point_of_dqsg(
     digits_baseline):
-  """NDQSG, automatic mode, half the replicas in P1; and one of four.
+  """NDQSG, automatic mode, half the replicas in P1.
 
   Measured over seeds 1-6 by benchmarks/nested_digits.py
   (docs/nested_digits.md), against DQSG num_levels=3 on all replicas, at
@@ -576,13 +576,14 @@ def test_digits_nested_half_reference_within_half_a_point_of_dqsg(
   far apart for the fixed coarse cell. The automatic mode counts 0.16% and
   sends 91% of the buckets as DQSG: on this model nested coding rarely
   pays, and the mode says so instead of corrupting the gradient (ternary
-  DQSG on all replicas: 0.63 below). Seeds 1-3 here: -0.22 each.
+  DQSG on all replicas: 0.63 below). Seeds 1-3 here: -0.22 each. One
+  replica of four in P1 (-0.44 points on average over seeds 1-6) is
+  measured by the benchmark only, not here: CI's time goes to the claim.
   """
   data, baseline, baseline_bits = digits_baseline
-  gaps, half_bits = [], []
+  gaps = []
   for seed in DIGITS_SEEDS:
     accuracy, bits = _fit_nested(data, baseline_bits, 2, True, seed)
-    half_bits.append(bits)
     gaps.append(accuracy - baseline[seed])
     # All bits counted (lossless small tensors too): reference senders
     # ~2.97 bits/elt, nested ~1.66.
@@ -592,9 +593,3 @@ def test_digits_nested_half_reference_within_half_a_point_of_dqsg(
     assert gaps[-1] >= -0.01
   print(f"accuracy - DQSG per seed: {gaps}, mean {np.mean(gaps):+.4f}")
   assert np.mean(gaps) >= -0.005
-  # One of four in P1: reported (identical replicas, finite loss checked),
-  # with one more nested sender: fewer bits, and no collapse either
-  # (docs/nested_digits.md: -0.44 points on average over seeds 1-6).
-  accuracy, bits = _fit_nested(data, baseline_bits, 1, True, DIGITS_SEEDS[0])
-  assert bits < half_bits[0]
-  assert accuracy - baseline[DIGITS_SEEDS[0]] >= -0.01
