@@ -38,6 +38,9 @@ flags.DEFINE_string("seeds", "1,2,3", "Comma-separated seeds.")
 flags.DEFINE_integer("epochs", 8, "Training epochs.")
 flags.DEFINE_string("codec", "dqsg:num_levels=1", "ndq_tf codec spec.")
 flags.DEFINE_string("transport", "auto", "ndq_tf transport.")
+flags.DEFINE_integer("reduce_scatter_levels", None,
+                     "Stage-2 levels of transport=reduce_scatter (default: "
+                     "the codec's).")
 flags.DEFINE_float("low_level_lr", 0.5, "SGD learning rate of low_level.")
 flags.DEFINE_bool("json", False, "Print the rows as JSON lines (used by the "
                   "script itself for the legacy route).")
@@ -55,6 +58,13 @@ def _common():
   return module
 
 
+def _levels():
+  """The `reduce_scatter_levels` keyword, if the flag is set."""
+  if FLAGS.reduce_scatter_levels is None:
+    return {}
+  return {"reduce_scatter_levels": FLAGS.reduce_scatter_levels}
+
+
 def _strategies():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import ndq_tf  # pylint: disable=g-import-not-at-top
@@ -63,7 +73,8 @@ def _strategies():
       "tf": lambda: tf.distribute.MirroredStrategy(
           devices, cross_device_ops=tf.distribute.ReductionToOneDevice()),
       "ndq": lambda: ndq_tf.MirroredStrategy(
-          codec=FLAGS.codec, devices=devices, transport=FLAGS.transport),
+          codec=FLAGS.codec, devices=devices, transport=FLAGS.transport,
+          **_levels()),
   }
 
 
@@ -166,7 +177,7 @@ def _legacy_rows(seeds):
   cmd = [sys.executable, os.path.abspath(__file__), "--routes=legacy",
          f"--seeds={','.join(map(str, seeds))}", f"--epochs={FLAGS.epochs}",
          f"--codec={FLAGS.codec}", f"--transport={FLAGS.transport}",
-         "--json"]
+         "--json"] + [f"--{k}={v}" for k, v in _levels().items()]
   out = subprocess.run(cmd, env=env, capture_output=True, text=True,
                        check=True)
   return [json.loads(line.split(" ", 1)[1])
