@@ -24,6 +24,7 @@ from absl import flags
 import ndq_tf
 from ndq_tf import ops
 from ndq_tf import theory
+from ndq_tf.distribute.exchanges import reduce_scatter
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_elements", 2**22,
@@ -82,6 +83,14 @@ def _rows(n, bucket_size, workers):
           break
       if values is not None:
         rows.append((f"{label}, {transport}", values))
+    if label == "DQSG M=1":
+      # The reduce-scatter with ternary re-quantization of the sums.
+      ternary = reduce_scatter.stage2_codec(
+          ndq_tf.distribute.CompressionOptions(
+              codec, transport="reduce_scatter", reduce_scatter_levels=1))
+      rows.append((f"{label}, reduce_scatter_levels=1", [
+          reduce_scatter.bits_per_element(codec, n, p, stage2=ternary)
+          for p in workers]))
   return rows
 
 

@@ -94,15 +94,24 @@ def test_shards_are_whole_buckets_some_empty():
 
 
 def test_cost_model_is_flat_in_the_workers():
-  """Ternary DQSG: ≤ 3.5 bits per element per worker up to 1024 workers."""
+  """Ternary DQSG: ≤ 3.5 bits per element per worker up to 1024 workers
+  with ternary re-quantization, ≤ 4.3 with the default two levels."""
   codec = ndq_tf.DitheredCodec(num_levels=1)
+  ternary = reduce_scatter._stage2(codec, 1)
+  default = reduce_scatter._stage2(codec)
+  assert default.num_levels == reduce_scatter.MIN_STAGE2_LEVELS == 2
   n = 2**22
   for p in (2, 8, 64, 1024):
-    bits = theory.exchange_bits(codec, n, p, "reduce_scatter")
     # One shard of ⌈B/P⌉ buckets per row, both stages, 5-word headers.
-    words = codec.wire_bits(-(-n // 512 // p) * 512) // 32
+    shard = -(-n // 512 // p) * 512
+    words = codec.wire_bits(shard) // 32
+    bits = reduce_scatter.reduce_scatter_bits(codec, n, p, stage2=ternary)
     assert bits == 32 * (p - 1) * 2 * (5 + words)
     assert bits / n <= 3.5
+    bits = theory.exchange_bits(codec, n, p, "reduce_scatter")
+    assert bits == 32 * (p - 1) * (
+        10 + words + default.wire_bits(shard) // 32)
+    assert bits / n <= 4.3
   with pytest.raises(ValueError, match="nested codecs"):
     theory.exchange_bits(ndq_tf.NestedDitheredCodec(), n, 4, "reduce_scatter")
 
@@ -136,10 +145,12 @@ def test_replicas_end_bitwise_identical_with_the_models_bits():
   assert stats["senders"] == stats["local_senders"] == NUM_REPLICAS
   codec = strategy.compressed_all_reduce.codec
   n = 1024 + 512
-  # Every replica sends its 4 shard wires (one empty) and one reduced shard.
+  # Every replica sends its 4 shard wires (one empty) and one reduced shard
+  # (stage 2: two levels).
   shard_words = codec.wire_bits(512) // 32
+  reduced_words = ndq_tf.DitheredCodec(num_levels=2).wire_bits(512) // 32
   assert stats["payload_bits"] == 32 * NUM_REPLICAS * 3 * shard_words + (
-      32 * 3 * shard_words)
+      32 * 3 * reduced_words)
   assert stats["sent_bits"] == stats["payload_bits"]  # Nothing framed.
   assert stats["model_link_bits"] == round(NUM_REPLICAS * theory.exchange_bits(
       codec, n, NUM_REPLICAS, "reduce_scatter"))
@@ -196,14 +207,14 @@ def test_other_bucketed_codecs_leave_identical_sums(codec):
   """Eager exchanges of 5 buckets among 4 replicas: the same bits on all.
 
   Stage 2 is a plain DQSG: a `DitheredCodec` keeps its levels (not its
-  rotation), the others get one level. Two steps, two dithers.
+  rotation), at least two; the others get two. Two steps, two dithers.
   """
   options = CompressionOptions(codec, transport="reduce_scatter", seed=3)
   engine = engine_lib.ExchangeEngine(options)
   second = reduce_scatter.stage2_codec(options)
   assert type(second) is ndq_tf.DitheredCodec and second.rotation is None
   assert second.num_levels == (codec.num_levels if isinstance(
-      codec, ndq_tf.DitheredCodec) else 1)
+      codec, ndq_tf.DitheredCodec) else 2)
   rng = np.random.default_rng(5)
   values = [[tf.constant(rng.normal(size=(5, 64)), tf.float32)]
             for _ in range(NUM_REPLICAS)]

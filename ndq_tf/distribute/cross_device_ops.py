@@ -155,7 +155,7 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
       `ndq_tf.theory.exchange_bits`, logged once); see docs/scaling.md.
     reduce_scatter_levels: `transport="reduce_scatter"` only: levels of
       the DQSG that re-quantizes the reduced shards (None: the codec's
-      own for a DitheredCodec, else 1; `CompressionOptions`).
+      own for a DitheredCodec, at least 2; `CompressionOptions`).
     chunk_elements: the fused gradients are encoded, exchanged and decoded
       in chunks of about this many elements, so that the stages of
       successive chunks overlap; bit for bit the same result. None: one

@@ -346,7 +346,7 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
       every worker picks the same). See docs/scaling.md.
     reduce_scatter_levels: `transport="reduce_scatter"` only: levels of
       the DQSG that re-quantizes the reduced shards (None: the codec's
-      own for a DitheredCodec, else 1; `CompressionOptions`).
+      own for a DitheredCodec, at least 2; `CompressionOptions`).
     chunk_elements: the fused gradients are encoded, exchanged and decoded
       in chunks of about this many elements, so that one chunk travels
       while the next is encoded and the previous decoded; bit for bit the

@@ -145,7 +145,8 @@ class CompressionOptions:
       Default `DEFAULT_CHUNK_ELEMENTS`.
     reduce_scatter_levels: `transport="reduce_scatter"` only: the
       `num_levels` of the DQSG that re-quantizes the reduced shards; None:
-      `codec.num_levels` for a `DitheredCodec`, else 1.
+      `codec.num_levels` for a `DitheredCodec`, at least 2 (the sum of the
+      shards has a wider range than one gradient; docs/algorithms.md).
     group_argument: the name the caller gave `reference_group` (e.g.
       `"reference_replicas"`, `"reference_workers"`), for error messages;
       not part of the config.

@@ -15,7 +15,7 @@ buffer of `B` whole buckets (`shard_buckets`: shard `j` holds buckets
   `n` dither draws per receiver whatever `P` is.
 * Stage 2. Receiver `j` re-quantizes its reduced shard with DQSG
   (`stage2_codec`: `reduce_scatter_levels` levels, by default the codec's
-  own for a `DitheredCodec`) and a seed derived from (base seed, step,
+  own for a `DitheredCodec` and at least `MIN_STAGE2_LEVELS`) and a seed derived from (base seed, step,
   `STAGE2_SENDER`) at the shard's place in the buffer; an all-gather hands
   every receiver every reduced shard and each decodes all of them with the
   same ops, so every receiver ends with bitwise the same sum.
@@ -44,6 +44,7 @@ from ndq_tf.distribute.transports import all_to_all
 
 __all__ = [
     "EXCHANGE",
+    "MIN_STAGE2_LEVELS",
     "ReduceScatterExchange",
     "STAGE2_SENDER",
     "bits_per_element",
@@ -80,10 +81,20 @@ def shard_buckets(num_buckets, num_shards):
   return [(a, b - a) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+#: The fewest levels of the default stage-2 DQSG. The reduced shard is a
+#: sum of `P` gradients, with a wider range than one: with one level
+#: (ternary) its re-quantization errs 4-9 times the all-gather's (vNMSE of
+#: the sum) and the digits CNN of docs/algorithms.md ends 0.59 points below
+#: the all-gather; with two, 0.07 points below, for 0.6-0.9 more bits per
+#: element and worker (4.27 at P = 1024, against the integer all-reduce's
+#: 25.7). `reduce_scatter_levels=1` keeps ternary codes (3.40 bits).
+MIN_STAGE2_LEVELS = 2
+
+
 def _stage2(codec, levels=None):
   own = (codec.num_levels if isinstance(codec, ndq_codecs.DitheredCodec)
          else None)
-  levels = levels or own or 1
+  levels = levels or max(own or 1, MIN_STAGE2_LEVELS)
   if (type(codec) is ndq_codecs.DitheredCodec  # pylint: disable=unidiomatic-typecheck
       and levels == own and getattr(codec, "rotation", None) is None):
     return codec
@@ -95,7 +106,8 @@ def stage2_codec(options):
   """The DQSG that re-quantizes the reduced shards, for these options.
 
   `options.reduce_scatter_levels` levels; by default the codec's own
-  `num_levels` when it is a `DitheredCodec`, else 1. A plain
+  `num_levels` when it is a `DitheredCodec`, and at least
+  `MIN_STAGE2_LEVELS`. A plain
   `DitheredCodec` with those levels is used as it is.
   """
   return _stage2(options.codec, options.reduce_scatter_levels)
