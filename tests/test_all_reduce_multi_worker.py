@@ -153,19 +153,30 @@ class _FailingRun:
 
 
 class _Jobs:
-  """Every job of the file; a wave starts once the one before is done."""
+  """Every job of a file; a wave starts once the one before is done.
 
-  def __init__(self, tmp_path_factory):
+  Args:
+    tmp_path_factory: pytest's, for the jobs' directories.
+    waves: `{name: (num_workers, transport, args)}` per wave, in order.
+    failing: the names of the jobs expected to fail (`_FailingRun`).
+    prefix: the start of the jobs' directory names.
+  """
+
+  def __init__(self, tmp_path_factory, waves=WAVES, failing=FAILING,
+               prefix="all_reduce"):
     self._tmp = tmp_path_factory
+    self._waves = waves
+    self._failing = failing
+    self._prefix = prefix
     self._jobs = {}
     self._waves_started = 1
-    self._start(WAVES[0])
+    self._start(waves[0])
 
   def _start(self, wave):
     for name, (num_workers, transport, args) in wave.items():
       args = ["--codec", CODEC, "--transport", transport] + args
-      out_dir = self._tmp.mktemp(f"all_reduce_{name}")
-      if name in FAILING:
+      out_dir = self._tmp.mktemp(f"{self._prefix}_{name}")
+      if name in self._failing:
         self._jobs[name] = _FailingRun(args, out_dir, num_workers,
                                        JOB_TIMEOUT)
       else:
@@ -174,16 +185,16 @@ class _Jobs:
             timeout=JOB_TIMEOUT, name=name)
 
   def _start_next_wave(self):
-    for name in WAVES[self._waves_started - 1]:
+    for name in self._waves[self._waves_started - 1]:
       job = self._jobs[name]
       try:
-        if name in FAILING:
+        if name in self._failing:
           job.result()
         else:
           job.results()
       except pytest.fail.Exception:
         pass  # Reported by the tests of that job.
-    self._start(WAVES[self._waves_started])
+    self._start(self._waves[self._waves_started])
     self._waves_started += 1
 
   def __getitem__(self, name):

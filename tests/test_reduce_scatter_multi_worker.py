@@ -17,59 +17,27 @@ time):
 
 import pytest
 
-import multi_worker_job
 import test_all_reduce_multi_worker as all_reduce_jobs
 
 TRANSPORT = "reduce_scatter"
 STEPS = all_reduce_jobs.STEPS
-JOB_TIMEOUT = 300  # Seconds, for each launcher.
+_STEPS = ["--steps", str(STEPS)]
 WAVES = (
-    {"p8": (8, ["--steps", str(STEPS)]), "p2": (2, ["--steps", str(STEPS)])},
-    {"p4": (4, ["--steps", str(STEPS)]),
-     "die": (2, ["--steps", str(STEPS), "--die_at_step",
-                 str(all_reduce_jobs.DIE_AT_STEP), "--die_worker", "1"])},
+    {"p8": (8, TRANSPORT, _STEPS), "p2": (2, TRANSPORT, _STEPS)},
+    {"p4": (4, TRANSPORT, _STEPS),
+     "die": (2, TRANSPORT, _STEPS + [
+         "--die_at_step", str(all_reduce_jobs.DIE_AT_STEP),
+         "--die_worker", "1"])},
 )
 JOBS = {name: job for wave in WAVES for name, job in wave.items()}
-
-
-class _Jobs:
-  """The jobs of the file; the second wave starts once the first is done."""
-
-  def __init__(self, tmp_path_factory):
-    self._tmp = tmp_path_factory
-    self._jobs = {}
-    self._start(WAVES[0])
-
-  def _start(self, wave):
-    for name, (num_workers, args) in wave.items():
-      args = ["--codec", all_reduce_jobs.CODEC, "--transport", TRANSPORT] + args
-      out_dir = self._tmp.mktemp(f"reduce_scatter_{name}")
-      if name == "die":
-        self._jobs[name] = all_reduce_jobs._FailingRun(  # pylint: disable=protected-access
-            args, out_dir, num_workers, JOB_TIMEOUT)
-      else:
-        self._jobs[name] = multi_worker_job.MultiWorkerJob(
-            all_reduce_jobs.WORKER, args, out_dir, all_reduce_jobs.MARKER,
-            num_workers=num_workers, timeout=JOB_TIMEOUT, name=name)
-
-  def __getitem__(self, name):
-    if name not in self._jobs:
-      for first in WAVES[0]:
-        try:
-          self._jobs[first].results()
-        except pytest.fail.Exception:
-          pass  # Reported by that job's test.
-      self._start(WAVES[1])
-    return self._jobs[name]
-
-  def stop(self):
-    for job in self._jobs.values():
-      job.stop()
+# Run in waves by test_all_reduce_multi_worker's `_Jobs`, each launcher
+# bounded by its JOB_TIMEOUT.
 
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-  started = _Jobs(tmp_path_factory)
+  started = all_reduce_jobs._Jobs(  # pylint: disable=protected-access
+      tmp_path_factory, WAVES, failing=("die",), prefix="reduce_scatter")
   try:
     yield started
   finally:
