@@ -113,6 +113,26 @@ def stage2_codec(options):
   return _stage2(options.codec, options.reduce_scatter_levels)
 
 
+def _refusal(codec):
+  """Why the reduce-scatter cannot carry `codec` (a sender's), or None."""
+  if getattr(codec, "needs_side_information", False):
+    return _NESTED_REFUSAL
+  if getattr(codec, "bucket_size", None) is None:
+    return ("the reduce-scatter cuts the buffer into shards of whole "
+            "buckets, so `codec` must have a `bucket_size`; use "
+            "transport='all_gather' or 'all_reduce'")
+  return None
+
+
+def _check_codecs(codecs):
+  """Raises a ValueError naming the first codec the exchange cannot carry."""
+  for codec in codecs:
+    why = _refusal(codec)
+    if why:
+      raise ValueError(f"transport='reduce_scatter' cannot carry "
+                       f"codec={codec!r}: {why}.")
+
+
 def _shard_words(codec, elements):
   return codec.wire_bits(elements) // 32 if elements else 0
 
@@ -142,16 +162,8 @@ def reduce_scatter_bits(codecs, num_elements, num_workers, stage2=None):
     ValueError: for nested codecs, or codecs without buckets.
   """
   codecs = base.sender_codecs(codecs, num_workers)
-  if any(getattr(c, "needs_side_information", False) for c in codecs):
-    raise ValueError(
-        f"The reduce-scatter exchange does not take nested codecs yet. "
-        f"Received: codec={codecs!r}.")
-  d = getattr(codecs[0], "bucket_size", None)
-  if d is None:
-    raise ValueError(
-        f"The reduce-scatter exchange cuts the buffer into shards of whole "
-        f"buckets: `codec` must have a `bucket_size`. Received: "
-        f"codec={codecs[0]!r}.")
+  _check_codecs(codecs)
+  d = codecs[0].bucket_size
   stage2 = stage2 or _stage2(codecs[0])
   if num_workers == 1:
     return 0.0
@@ -209,13 +221,7 @@ class ReduceScatterExchange(base.Exchange):
   automatic = False
 
   def refusal(self, codec, nested):
-    if nested:
-      return _NESTED_REFUSAL
-    if getattr(codec, "bucket_size", None) is None:
-      return ("the reduce-scatter cuts the buffer into shards of whole "
-              "buckets, so `codec` must have a `bucket_size`; use "
-              "transport='all_gather' or 'all_reduce'")
-    return None
+    return _NESTED_REFUSAL if nested else _refusal(codec)
 
   def bits(self, codecs, num_elements, num_workers):
     """`reduce_scatter_bits` with the default stage-2 codec."""
@@ -238,11 +244,7 @@ class ReduceScatterExchange(base.Exchange):
           divisor, lossless_values, mark):
     """Encodes shards, reduces them, re-quantizes and gathers the sums."""
     num_senders = transport.num_senders
-    for c in codecs:
-      if c.needs_side_information or c.bucket_size is None:
-        raise ValueError(
-            f"transport='reduce_scatter' takes bucketed codecs without side "
-            f"information. Received: codec={c!r}.")
+    _check_codecs(codecs)
     second = stage2_codec(engine.options)
     parts = shards(plan, num_senders)
     words = [[_words(c, plan, s) for s in parts] for c in codecs]
