@@ -36,7 +36,11 @@ from ndq_tf.distribute.transports import all_gather
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "multi_worker_scripts")
 WORKER = os.path.join(SCRIPTS, "parity_worker.py")
-JOB_TIMEOUT = 300  # seconds, for the launcher; the subprocess gets 30 more.
+# Seconds, for the launcher; the subprocess gets 30 more. A guard against a
+# hang, not a budget: the job takes 37-58 s at load 1-5 and 110 s at load
+# 10, and under the load of an 8-worker wave beside it (load 18) it was
+# still training, not hung, after 200 s (py-spy stacks of both workers).
+JOB_TIMEOUT = 600
 TRANSPORTS = ["device_copy", "all_gather"]
 
 
