@@ -17,8 +17,8 @@ engine fuses a call's tensors in ready order (the last variable's first,
 `ndq_tf.distribute.ready_order`), which moves every tensor's place in the
 dither stream.
 
-The hashes hold for this machine's TensorFlow builds (x86-64 CPU kernels)
-and are the same on every supported TensorFlow (2.18-2.21) and Keras
+The hashes hold per x86-64 instruction set of the model's kernels
+(`GOLDEN_BY_ISA`: with and without AVX-512) and are the same on every supported TensorFlow (2.18-2.21) and Keras
 (3.10-3.15); another CPU architecture may legitimately round differently
 inside the model's own kernels, and Keras 3.6 (below the supported range)
 trains to other weights.
@@ -47,14 +47,43 @@ from ndq_tf.distribute import tf_internals
 
 NUM_REPLICAS = 4
 
-GOLDEN = {
-    "dqsg3":
-        "c22f91f891e8a4fd1927b8b12a2835ff895798c3ddf6cfa1e477964343f9ec32",
-    "terngrad":
-        "3cfa0e06068f7eb540516459a6ff5e4f81fedbd4737a4b6a4affc91d3f93b8fb",
-    "ndqsg33_fixed":
-        "44fb3769389ea2abe892122b8f82b5e7108dbac8ef21ec639b830eaa4b611aae",
+#: Per CPU instruction set of the model's own kernels (`_ISA`): the same
+#: bits of the exchange train to other weights where the matmuls round
+#: differently. "avx512" was recorded on the machines of earlier sessions;
+#: "avx2" on an AMD EPYC without AVX-512 (2026-12-02), where limiting oneDNN
+#: further (ONEDNN_MAX_CPU_ISA=AVX) gives a third set of digests.
+GOLDEN_BY_ISA = {
+    "avx512": {
+        "dqsg3":
+            "c22f91f891e8a4fd1927b8b12a2835ff895798c3ddf6cfa1e477964343f9ec32",
+        "terngrad":
+            "3cfa0e06068f7eb540516459a6ff5e4f81fedbd4737a4b6a4affc91d3f93b8fb",
+        "ndqsg33_fixed":
+            "44fb3769389ea2abe892122b8f82b5e7108dbac8ef21ec639b830eaa4b611aae",
+    },
+    "avx2": {
+        "dqsg3":
+            "cf94446b6cfb50989abce7c24777c086f4c8a8e2e10ba19137ce6ee953d51cf9",
+        "terngrad":
+            "1ca2bcf565d222155bc64c78c5b73888614b36f7439f78b07c6b1cb3bbcd1a5a",
+        "ndqsg33_fixed":
+            "3f9bc92270bcc2815ebcebfb65c0a7e9feda175a3d585e8d0bc9f0b2bc7eeea6",
+    },
 }
+
+
+def _isa():
+  """"avx512" if the CPU has AVX-512F, else "avx2" (x86-64 Linux)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      flags = f.read()
+  except OSError:
+    return "avx512"
+  return "avx512" if " avx512f" in flags else "avx2"
+
+
+_ISA = _isa()
+GOLDEN = GOLDEN_BY_ISA[_ISA]
 
 
 def _strategy(name):
