@@ -18,8 +18,9 @@ engine fuses a call's tensors in ready order (the last variable's first,
 dither stream.
 
 The hashes hold per x86-64 instruction set of the model's kernels
-(`GOLDEN_BY_ISA`: with and without AVX-512) and are the same on every supported TensorFlow (2.18-2.21) and Keras
-(3.10-3.15); another CPU architecture may legitimately round differently
+(`GOLDEN_BY_ISA`: with and without AVX-512F) and are the same on every
+supported TensorFlow (2.18-2.21) and Keras (3.10-3.15); another CPU
+architecture may legitimately round differently
 inside the model's own kernels, and Keras 3.6 (below the supported range)
 trains to other weights.
 
@@ -49,9 +50,12 @@ NUM_REPLICAS = 4
 
 #: Per CPU instruction set of the model's own kernels (`_ISA`): the same
 #: bits of the exchange train to other weights where the matmuls round
-#: differently. "avx512" was recorded on the machines of earlier sessions;
-#: "avx2" on an AMD EPYC without AVX-512 (2026-12-02), where limiting oneDNN
-#: further (ONEDNN_MAX_CPU_ISA=AVX) gives a third set of digests.
+#: differently. "avx2" was recorded on an AMD EPYC without AVX-512F
+#: (2026-12-02), where the codec payload hashes below still held and
+#: limiting oneDNN further (ONEDNN_MAX_CPU_ISA=AVX) gave a third set.
+#: "avx512" are the hashes recorded before, on machines whose instruction
+#: set was not written down: taken to have AVX-512F, since they differ
+#: from this machine's.
 GOLDEN_BY_ISA = {
     "avx512": {
         "dqsg3":
@@ -73,7 +77,11 @@ GOLDEN_BY_ISA = {
 
 
 def _isa():
-  """"avx512" if the CPU has AVX-512F, else "avx2" (x86-64 Linux)."""
+  """"avx512" if the CPU has AVX-512F, else "avx2".
+
+  Read from Linux's /proc/cpuinfo; where there is none, "avx512", the
+  hashes this file held before they were keyed.
+  """
   try:
     with open("/proc/cpuinfo") as f:
       flags = f.read()
