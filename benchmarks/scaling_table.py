@@ -2,8 +2,9 @@
 
 Tabulates `ndq_tf.theory.exchange_bits` (what each worker sends per step, per
 gradient element) for every codec and transport, next to TF's float32 and
-float16 rings, for a range of worker counts; which transport `"auto"` would
-pick (`theory.auto_transport`); and the integer lanes the all-reduce packs
+float16 rings, for a range of worker counts; which exchange `"auto"` would
+pick (`theory.auto_transport`, for worker processes on CPUs and by bits
+alone); and the integer lanes the all-reduce packs
 the codes in (`ndq_tf.ops.lane_layout`). Nothing is run or measured: these
 are the model's numbers.
 
@@ -94,6 +95,9 @@ def _rows(n, bucket_size, workers):
   return rows
 
 
+_SHORT = {"all_gather": "AG", "all_reduce": "AR", "reduce_scatter": "RS"}
+
+
 def _auto_rows(n, bucket_size, workers):
   rows = []
   for label, codec in _codecs(bucket_size):
@@ -101,8 +105,11 @@ def _auto_rows(n, bucket_size, workers):
     for p in workers:
       c = _resolve(codec, p)
       choice = theory.auto_transport(c, n, p)
+      # By bits alone (devices whose work the model does not price) the
+      # choice is the same at every P tabulated.
+      assert choice == theory.auto_transport(c, n, p, on_cpu=False), (c, p)
       bits = theory.exchange_bits(c, n, p, choice) / n
-      cells.append(f"{'AR' if choice == 'all_reduce' else 'AG'} {bits:.2f}")
+      cells.append(f"{_SHORT[choice]} {bits:.2f}")
     rows.append((label, cells))
   return rows
 
@@ -143,12 +150,14 @@ def render(n, bucket_size, workers):
       "",
       _table(header, bits),
       "",
-      "**What `\"auto\"` picks** (`theory.auto_transport`: AG all-gather, "
-      "AR all-reduce; fewer bits wins, a tie keeps the all-gather), and its "
-      "bits per element:",
+      "**What `\"auto\"` picks for worker processes on CPUs** "
+      "(`theory.auto_transport`'s time model: bits over a 10 Gbit/s link "
+      "plus the CPU work; AG all-gather, AR all-reduce, RS reduce-scatter; "
+      "a tie keeps the all-gather), and its bits per element:",
       "",
       _table(["codec, P ="] + [str(p) for p in workers],
              _auto_rows(n, bucket_size, workers)),
+
       "",
       "**Lanes of the all-reduce** (`ops.lane_layout(2M + 1, P, n)`: bits "
       "per lane × lanes per word, word type, and bits per code):",

@@ -523,21 +523,24 @@ def exchange_bits(codec, num_elements, num_workers, transport):
   return ring_all_reduce_bits(width * num_elements, num_workers)
 
 
-def auto_transport(codec, num_elements, num_workers):
-  """`"all_reduce"` if it sends fewer bits than `"all_gather"`, by the model.
+def auto_transport(codec, num_elements, num_workers, **model):
+  """The exchange `transport="auto"` picks: the fastest by the time model.
 
-  The choice of a transport `"auto"`: the integer all-reduce when the codec's
-  codes add up (`codes_add_up`, the same codec for every worker) and
-  `exchange_bits` says it sends strictly fewer bits; otherwise (nested
-  groups, a tie, a single worker) the all-gather.
+  `ndq_tf.distribute.exchanges.auto`: per worker, the bits on a link of
+  `link_gbps` (default 10) plus, on CPU devices, the dither draws, decodes
+  and lane codes priced by constants measured on a CPU; the all-gather
+  unless another exchange that carries the codecs is strictly faster
+  (nested groups, a tie, a single worker keep it). docs/scaling.md.
 
   Args:
     codec: a codec or one per worker, as for `exchange_bits`.
     num_elements: `n >= 0`.
     num_workers: `P >= 1`.
+    **model: `link_gbps` (float), `on_cpu` (default True: price the work)
+      and `shared_memory` (default False: the workers are processes).
 
   Returns:
-    `"all_gather"` or `"all_reduce"`.
+    `"all_gather"`, `"all_reduce"` or `"reduce_scatter"`.
   """
   from ndq_tf.distribute import exchanges  # pylint: disable=g-import-not-at-top
-  return exchanges.auto(codec, num_elements, num_workers)
+  return exchanges.auto(codec, num_elements, num_workers, **model)

@@ -158,7 +158,9 @@ def test_float16_sums_the_half_precision_values():
 def test_auto_picks_what_the_cost_model_predicts_and_logs_it_once(
     spec, elements, caplog):
   codec = ndq_tf.codecs.get(spec)
-  want = theory.auto_transport(codec, elements, NUM_REPLICAS)
+  # Logical CPUs of one process: one memory, no bits on a link.
+  want = theory.auto_transport(codec, elements, NUM_REPLICAS,
+                               shared_memory=True)
   strategy = ndq_tf.MirroredStrategy(codec=codec, devices=_devices())
   assert strategy.compression_stats()["transport"] == "auto"
   engine_lib._WARNED.clear()  # pylint: disable=protected-access
@@ -171,12 +173,17 @@ def test_auto_picks_what_the_cost_model_predicts_and_logs_it_once(
   assert repr(want) in notes[0].getMessage()
 
 
-def test_dqsg_one_level_four_replicas_is_gathered_three_levels_reduced():
-  # The cost model's choices the test above relies on, spelled out.
+def test_shared_memory_gathers_codes_and_sums_float16():
+  # The time model's choices the test above relies on, spelled out: in one
+  # memory nothing crosses a link and the all-gather decodes least; float16
+  # values need no decode at all in TF's float ring.
   n = 1 << 14
-  assert theory.auto_transport(ndq_tf.DitheredCodec(1), n, 4) == "all_gather"
-  assert theory.auto_transport(ndq_tf.DitheredCodec(3), n, 4) == "all_reduce"
-  assert theory.auto_transport(ndq_tf.DitheredCodec(1), n, 8) == "all_reduce"
+  for codec in (ndq_tf.DitheredCodec(1), ndq_tf.DitheredCodec(3)):
+    for p in (4, 8):
+      assert theory.auto_transport(codec, n, p, shared_memory=True) == (
+          "all_gather")
+  assert theory.auto_transport(ndq_tf.Float16Codec(), 4096, 4,
+                               shared_memory=True) == "all_reduce"
 
 
 def test_model_fit_keeps_mirrored_variables_bitwise_identical():

@@ -17,11 +17,10 @@ program startup") in 4 of 5 such jobs run beside another job (never in
 the 2 run alone).
 
 * `p2`, `p4`: 10 steps with `transport="all_reduce"`;
-* `p8`: 10 steps with `transport="auto"`. DQSG with one level on this
-  model: the cost model picks the all-reduce on 8 workers and the
-  all-gather on 2 (`test_cost_model_picks_both_transports`), so this job
-  is both the 8-worker all-reduce job and `"auto"`'s all-reduce case;
-* `auto2`: 3 steps with `transport="auto"` on 2 workers (the all-gather);
+* `p8`: 10 steps with `transport="all_reduce"` on 8 workers;
+* `auto2`: 3 steps with `transport="auto"` on 2 workers, where the time
+  model picks the all-gather (test_reduce_scatter_multi_worker.py's `p8`
+  asks for `"auto"` on 8, where it picks the reduce-scatter);
 * `die`: `transport="all_reduce"`; worker 1 exits with code 3 at the start
   of step 5;
 * `step_offset`: `transport="all_reduce"`; worker 1's compression step
@@ -79,7 +78,7 @@ worker = _load_worker()
 
 # name: (workers, transport, worker arguments)
 FIRST_WAVE = {
-    "p8": (8, "auto", ["--steps", str(STEPS)]),
+    "p8": (8, "all_reduce", ["--steps", str(STEPS)]),
     "p2": (2, "all_reduce", ["--steps", str(STEPS)]),
 }
 SECOND_WAVE = {
@@ -103,7 +102,7 @@ THIRD_WAVE = {
 WAVES = (FIRST_WAVE, SECOND_WAVE, THIRD_WAVE)
 FAILING = ("die", "step_offset")
 JOBS = dict(FIRST_WAVE, **SECOND_WAVE, **THIRD_WAVE)
-AUTO_JOBS = ("auto2", "p8")
+AUTO_JOBS = ("auto2",)
 
 
 class _FailingRun:
@@ -281,12 +280,9 @@ def test_fit_all_reduce_keeps_workers_bitwise_identical(jobs, name):
 
   Every worker decodes the same integer sum with the same shared scales,
   so the weights agree to the bit; the telemetry reports the all-reduce
-  on every step and the cost model's link bits. (`p8` asked for "auto",
-  which picks the all-reduce there.)
+  on every step and the cost model's link bits.
   """
   num_workers = JOBS[name][0]
-  if JOBS[name][1] == "auto":
-    assert _auto_transport(_shapes(), num_workers) == "all_reduce"
   results = jobs[name].results()
   assert len(results) == num_workers
   _check_training(results, num_workers, "all_reduce", STEPS)
@@ -297,16 +293,15 @@ def test_auto_picks_the_cost_models_transport(jobs, name):
   num_workers, transport, _ = JOBS[name]
   assert transport == "auto"
   results = jobs[name].results()
-  steps = STEPS if name == "p8" else AUTO_STEPS
   _check_training(results, num_workers,
-                  _auto_transport(results[0]["shapes"], num_workers), steps)
+                  _auto_transport(results[0]["shapes"], num_workers),
+                  AUTO_STEPS)
 
 
-def test_cost_model_picks_both_transports():
-  """The auto jobs see both choices: the all-gather on 2, all-reduce on 8."""
-  assert {name: _auto_transport(_shapes(), JOBS[name][0])
-          for name in AUTO_JOBS} == {"auto2": "all_gather",
-                                     "p8": "all_reduce"}
+def test_time_model_picks_the_all_gather_on_two_workers():
+  """What `auto2` relies on (8 workers: the reduce-scatter's `p8`)."""
+  assert _auto_transport(_shapes(), 2) == "all_gather"
+  assert _auto_transport(_shapes(), 8) == "reduce_scatter"
 
 
 def test_dying_worker_stops_the_job_with_its_exit_code(jobs):

@@ -110,9 +110,11 @@ def test_decode_work_per_worker(p):
   # All-gather: encode once, decode (and draw the dither of) every sender.
   assert exchanges.exchange_work(codec, n, p, "all_gather") == (
       exchanges.base.Work(dither_draws=(p + 1) * n, decodes=p))
-  # Integer sum: encode once, one decode that subtracts every dither.
+  # Integer sum: encode once, one decode that subtracts every dither; the
+  # codes go into lanes once and out once.
   assert exchanges.exchange_work(codec, n, p, "all_reduce") == (
-      exchanges.base.Work(dither_draws=(p + 1) * n, decodes=1))
+      exchanges.base.Work(dither_draws=(p + 1) * n, decodes=1,
+                          lane_codes=2 * n))
   # Float values through a float ring: nothing drawn, nothing decoded.
   assert exchanges.exchange_work(ndq_tf.Float16Codec(), n, p,
                                  "all_reduce") == exchanges.base.Work(0, 0)
@@ -122,7 +124,81 @@ def test_decode_work_per_worker(p):
       exchanges.base.Work(dither_draws=3 * n + -(-n // p), decodes=2))
   # TernGrad draws to encode only.
   assert exchanges.exchange_work(ndq_tf.TernGradCodec(), n, p,
-                                 "all_reduce") == exchanges.base.Work(n, 1)
+                                 "all_reduce") == exchanges.base.Work(
+                                     n, 1, 2 * n)
+
+
+@pytest.mark.parametrize("p", [2, 8])
+def test_work_in_one_shared_memory_counts_every_local_sender(p):
+  n = 1000
+  codecs = [ndq_tf.DitheredCodec(num_levels=1)] * p
+
+  def work(name):
+    return exchanges.get(name).work(codecs, n, p, shared_memory=True)
+
+  # Every sender encoded and decoded once.
+  assert work("all_gather") == exchanges.base.Work(2 * p * n, p)
+  # P encodes into lanes, one decode of the sum (every dither).
+  assert work("all_reduce") == exchanges.base.Work(2 * p * n, 1,
+                                                   (p + 1) * n)
+  # P receivers decode P shards each (P buffers), stage 2 once.
+  assert work("reduce_scatter") == exchanges.base.Work(2 * p * n + 2 * n,
+                                                       p + 1)
+
+
+def test_time_model_prices_bits_and_cpu_work():
+  codec, n, p = ndq_tf.DitheredCodec(num_levels=1), 2**20, 4
+  for name in exchanges.NAMES:
+    bits = exchanges.exchange_bits(codec, n, p, name)
+    work = exchanges.exchange_work(codec, n, p, name)
+    cpu = 1e-9 * (work.dither_draws * exchanges.DRAW_NS
+                  + work.decodes * n * exchanges.DECODE_NS
+                  + work.lane_codes * exchanges.LANE_NS)
+    assert exchanges.exchange_seconds(codec, n, p, name) == pytest.approx(
+        bits / 10e9 + cpu)
+    # Other devices: the bits alone; one memory: the work alone.
+    assert exchanges.exchange_seconds(
+        codec, n, p, name, link_gbps=1.0, on_cpu=False) == pytest.approx(
+            bits / 1e9)
+    shared = exchanges.get(name).work([codec] * p, n, p, shared_memory=True)
+    assert exchanges.exchange_seconds(
+        codec, n, p, name, shared_memory=True) == pytest.approx(
+            1e-9 * (shared.dither_draws * exchanges.DRAW_NS
+                    + shared.decodes * n * exchanges.DECODE_NS
+                    + shared.lane_codes * exchanges.LANE_NS))
+
+
+def test_auto_picks_the_fastest_exchange_of_the_model():
+  codec, n = ndq_tf.DitheredCodec(num_levels=1), 2**20
+  for p in (2, 3, 8, 1024):
+    for model in ({}, {"on_cpu": False}, {"shared_memory": True},
+                  {"link_gbps": 0.1}):
+      costs = exchanges.costs(codec, n, p, **model)
+      assert set(costs) == set(exchanges.NAMES)
+      assert exchanges.auto(codec, n, p, **model) == min(
+          costs, key=lambda name: (costs[name], name != "all_gather"))
+  # Worker processes on CPUs: the all-gather for two, then the
+  # reduce-scatter, whose work is flat in P; one shared memory moves no
+  # bits and decodes least by gathering.
+  assert [exchanges.auto(codec, n, p) for p in (2, 3, 8, 1024)] == [
+      "all_gather"] + ["reduce_scatter"] * 3
+  assert {exchanges.auto(codec, n, p, shared_memory=True)
+          for p in (2, 3, 8, 1024)} == {"all_gather"}
+  assert exchanges.auto(codec, n, 1) == "all_gather"
+  nested = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)
+  assert exchanges.auto(nested, n, 8) == "all_gather"
+
+
+def test_time_model_is_cpu_only_for_cpu_devices():
+  cpu = "/job:worker/replica:0/task:1/device:CPU:0"
+  gpu = "/job:worker/replica:0/task:1/device:GPU:0"
+  assert exchanges.time_model([cpu, "/device:CPU:1"], True) == {
+      "on_cpu": True, "shared_memory": True}
+  assert exchanges.time_model([cpu, gpu], False) == {
+      "on_cpu": False, "shared_memory": False}
+  # Tensors built without a device scope: this process's default device.
+  assert exchanges.time_model(["", ""], False) == {
+      "on_cpu": True, "shared_memory": True}
 
 
 def test_work_of_codecs_an_exchange_refuses_raises():
@@ -136,7 +212,9 @@ def test_bits_summary_lists_the_exchanges_that_carry_the_codec():
     warnings.simplefilter("error")
     text = exchanges.bits_summary([ndq_tf.DitheredCodec(1)] * 4, 4096, 4)
   assert text.startswith("all_gather ") and ", all_reduce " in text
-  # "auto" never picks the reduce-scatter, so its log leaves it out.
-  assert "reduce_scatter" not in text
+  assert ", reduce_scatter " in text
   nested = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)
   assert "all_reduce" not in exchanges.bits_summary([nested] * 4, 4096, 4)
+  text = exchanges.summary([ndq_tf.DitheredCodec(1)] * 4, 4096, 4)
+  assert text.startswith("all_gather ") and " bits " in text
+  assert text.endswith(" ms") and ", reduce_scatter " in text

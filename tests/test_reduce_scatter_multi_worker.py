@@ -10,7 +10,9 @@ empty). One job per P, two waves (at most 10 TensorFlow processes at a
 time):
 
 * `p8`, `p2`: 10 steps; identical SHA-256 weights on every worker, the
-  telemetry's transport and the cost model's link bits;
+  telemetry's transport and the cost model's link bits. `p8` asks for
+  `transport="auto"`, which the time model resolves to the reduce-scatter
+  on 8 worker processes on CPUs (`exchanges.auto`);
 * `p4`: the same; `die`: 2 workers, worker 1 exits with code 3 at the
   start of step 5 and the launcher ends the job on every worker.
 """
@@ -23,7 +25,7 @@ TRANSPORT = "reduce_scatter"
 STEPS = all_reduce_jobs.STEPS
 _STEPS = ["--steps", str(STEPS)]
 WAVES = (
-    {"p8": (8, TRANSPORT, _STEPS), "p2": (2, TRANSPORT, _STEPS)},
+    {"p8": (8, "auto", _STEPS), "p2": (2, TRANSPORT, _STEPS)},
     {"p4": (4, TRANSPORT, _STEPS),
      "die": (2, TRANSPORT, _STEPS + [
          "--die_at_step", str(all_reduce_jobs.DIE_AT_STEP),
@@ -51,7 +53,10 @@ def test_fit_keeps_workers_bitwise_identical_with_the_models_bits(jobs, name):
   Every worker decodes the same re-quantized shards with the same ops, so
   the weights agree to the bit.
   """
-  num_workers = JOBS[name][0]
+  num_workers, transport, _ = JOBS[name]
+  if transport == "auto":
+    assert all_reduce_jobs._auto_transport(  # pylint: disable=protected-access
+        all_reduce_jobs._shapes(), num_workers) == TRANSPORT  # pylint: disable=protected-access
   results = jobs[name].results()
   assert len(results) == num_workers
   all_reduce_jobs._check_training(  # pylint: disable=protected-access

@@ -150,12 +150,17 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
     transport: `"all_gather"` (every replica decodes every replica's
       payload), `"all_reduce"` (shared scales, the replicas' integer codes
       summed once, every replica decodes the sum once; DQSG, half-dithered,
-      TernGrad, QSGD, and float16/float32 values summed as floats) or
-      `"auto"` (default: the one with fewer bits by
-      `ndq_tf.theory.exchange_bits`, logged once); see docs/scaling.md.
+      TernGrad, QSGD, and float16/float32 values summed as floats),
+      `"reduce_scatter"` (shards summed by their receivers, re-quantized
+      and gathered) or `"auto"` (default: the one a time model of bits and
+      CPU work says is fastest, `ndq_tf.theory.auto_transport`, logged
+      once); see docs/scaling.md.
     reduce_scatter_levels: `transport="reduce_scatter"` only: levels of
       the DQSG that re-quantizes the reduced shards (None: the codec's
       own for a DitheredCodec, at least 2; `CompressionOptions`).
+    reduce_scatter_error_feedback: `transport="reduce_scatter"` only: each
+      receiver feeds its shard's re-quantization residual into the next
+      step's (`CompressionOptions`).
     chunk_elements: the fused gradients are encoded, exchanged and decoded
       in chunks of about this many elements, so that the stages of
       successive chunks overlap; bit for bit the same result. None: one
@@ -184,6 +189,7 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
       transport: str = "auto",
       chunk_elements: int | None = options_lib.DEFAULT_CHUNK_ELEMENTS,
       reduce_scatter_levels: int | None = None,
+      reduce_scatter_error_feedback: bool = False,
   ) -> None:
     tf.distribute.CrossDeviceOps.__init__(self)
     tf.Module.__init__(self, name=name)
@@ -194,6 +200,7 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
         adaptive=adaptive, transport=transport,
         chunk_elements=chunk_elements,
         reduce_scatter_levels=reduce_scatter_levels,
+        reduce_scatter_error_feedback=reduce_scatter_error_feedback,
         group_argument="reference_replicas")
     self._default_fallback = fallback is None
     if fallback is None:

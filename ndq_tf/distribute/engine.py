@@ -19,10 +19,9 @@ owns, for both alike:
   senders P2), their noise state (`nested_state`) and the telemetry;
 * the step counter, advanced once per compressed exchange.
 
-The exchange algorithms themselves (`"all_gather"`, `"all_reduce"`, chosen
-per exchange by the option `transport`, `CompressionOptions.resolve_transport`)
-are `ndq_tf.distribute.exchanges`; a *transport*
-(`ndq_tf.distribute.transports`) only moves bytes and knows nothing of
+The exchange algorithms (chosen per exchange by the option `transport`,
+`CompressionOptions.resolve_transport`) are `ndq_tf.distribute.exchanges`;
+a *transport* (`ndq_tf.distribute.transports`) only moves bytes, knows no
 codecs.
 
 Ops are built under the name scopes `ndq_encode`, `ndq_exchange`,
@@ -106,6 +105,8 @@ class ExchangeEngine(tf.Module):
                                              device=device)
     self.nested_state = (nested_state.NestedStateStore(device)
                          if options.nested else None)
+    self.feedback = (exchanges.feedback.FeedbackStore(device)
+                     if options.reduce_scatter_error_feedback else None)
 
   @property
   def options(self):
@@ -255,10 +256,8 @@ class ExchangeEngine(tf.Module):
 
     Args:
       transports: one transport per exchange name (`{"all_gather":
-        Transport, "all_reduce": SummingTransport, "reduce_scatter":
-        AllToAllTransport}`, `ndq_tf.distribute.transports`) over the
-        same senders and receivers; the exchange uses the one the options pick
-        (`CompressionOptions.resolve_transport`).
+        Transport, ...}`, `ndq_tf.distribute.transports`) over the same
+        senders and receivers; the options pick one (`resolve_transport`).
       senders: list of `LocalSender`, the senders this process encodes, in
         sender order; their tensors have the same shapes and dtypes.
       reduce_op: `SUM`, or `MEAN` (the sum divided by `divisor`), as a
@@ -284,14 +283,15 @@ class ExchangeEngine(tf.Module):
                                                codecs[0].bucket_size)
     with tf.device(self._device):
       step = self.step.read_value()
-    kind = options.resolve_transport(num_senders, plan.total_size)
+    model = exchanges.time_model([x.device for x in senders],
+                                 transports["all_gather"].shared_memory)
+    kind = options.resolve_transport(num_senders, plan.total_size, **model)
     if options.transport == "auto":
       _warn_once(("auto", num_senders, kind), "transport='auto' sums the "
-                 "gradients of %d senders by %r (%s bits per sender and "
-                 "exchange of %d values by the cost model, "
-                 "ndq_tf.theory.exchange_bits).", num_senders, kind,
-                 exchanges.bits_summary(codecs, plan.total_size, num_senders),
-                 plan.total_size)
+                 "gradients of %d senders by %r (per sender and exchange of "
+                 "%d values, ndq_tf.theory.auto_transport: %s).", num_senders,
+                 kind, plan.total_size, exchanges.summary(
+                     codecs, plan.total_size, num_senders, **model))
     # What every receiver must agree on, checked by the transports.
     mark = fingerprint.fingerprint(options, plan.signature, kind)
     results = exchanges.get(kind).run(self, transports[kind], codecs, plan,

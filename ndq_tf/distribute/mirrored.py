@@ -22,7 +22,7 @@ _DEFAULTS = dict(
     compress_indexed_slices=False, fallback=None, reference_codec=None,
     reference_replicas=None, adaptive=None, transport="auto",
     chunk_elements=options_lib.DEFAULT_CHUNK_ELEMENTS,
-    reduce_scatter_levels=None)
+    reduce_scatter_levels=None, reduce_scatter_error_feedback=False)
 
 
 class _MirroredExtended(gradient_detection.LabellingExtendedMixin,
@@ -92,7 +92,8 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
       arguments below must be left at their defaults).
     min_elements, seed, compress_indexed_slices, fallback,
       reference_codec, reference_replicas, adaptive, transport,
-      chunk_elements, reduce_scatter_levels: passed to
+      chunk_elements, reduce_scatter_levels,
+      reduce_scatter_error_feedback: passed to
       `CompressedAllReduce` (see there);
       `reference_codec`, `reference_replicas` and `adaptive` for a nested
       `codec` only.
@@ -129,13 +130,15 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
       transport: str = "auto",
       chunk_elements: int | None = options_lib.DEFAULT_CHUNK_ELEMENTS,
       reduce_scatter_levels: int | None = None,
+      reduce_scatter_error_feedback: bool = False,
   ) -> None:
     given = dict(min_elements=min_elements, seed=seed,
                  compress_indexed_slices=compress_indexed_slices,
                  fallback=fallback, reference_codec=reference_codec,
                  reference_replicas=reference_replicas, adaptive=adaptive,
                  transport=transport, chunk_elements=chunk_elements,
-                 reduce_scatter_levels=reduce_scatter_levels)
+                 reduce_scatter_levels=reduce_scatter_levels,
+                 reduce_scatter_error_feedback=reduce_scatter_error_feedback)
     kwargs = {k: v for k, v in given.items() if v is not _DEFAULTS[k] and
               v != _DEFAULTS[k]}
     if cross_device_ops is None:

@@ -341,12 +341,17 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
       then TF's own integer ring all-reduce sums the workers' codes
       exactly: `2(P - 1)/P` lane vectors per worker, flat in `P`; for
       DQSG, half-dithered, TernGrad and QSGD, and `codec="float16"` for
-      TF's float16 ring), or `"auto"` (default: the one the cost model
-      `ndq_tf.theory.exchange_bits` says sends fewer bits, logged once;
+      TF's float16 ring), `"reduce_scatter"` (shards summed by their
+      receivers, re-quantized and all-gathered: bits and decode work flat
+      in `P`), or `"auto"` (default: the one a time model of bits and CPU
+      work says is fastest, `ndq_tf.theory.auto_transport`, logged once;
       every worker picks the same). See docs/scaling.md.
     reduce_scatter_levels: `transport="reduce_scatter"` only: levels of
       the DQSG that re-quantizes the reduced shards (None: the codec's
       own for a DitheredCodec, at least 2; `CompressionOptions`).
+    reduce_scatter_error_feedback: `transport="reduce_scatter"` only: each
+      worker feeds its shard's re-quantization residual into the next
+      step's (`CompressionOptions`).
     chunk_elements: the fused gradients are encoded, exchanged and decoded
       in chunks of about this many elements, so that one chunk travels
       while the next is encoded and the previous decoded; bit for bit the
@@ -376,6 +381,7 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
       transport: str = "auto",
       chunk_elements: int | None = options_lib.DEFAULT_CHUNK_ELEMENTS,
       reduce_scatter_levels: int | None = None,
+      reduce_scatter_error_feedback: bool = False,
   ) -> None:
     tf_internals.multi_worker()  # Raises if this TF lacks its internals.
     compression = options_lib.CompressionOptions(
@@ -385,6 +391,7 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
         adaptive=adaptive, transport=transport,
         chunk_elements=chunk_elements,
         reduce_scatter_levels=reduce_scatter_levels,
+        reduce_scatter_error_feedback=reduce_scatter_error_feedback,
         group_argument="reference_workers")
     if cluster_timeout is not None and (
         isinstance(cluster_timeout, bool) or

@@ -132,12 +132,14 @@ class CompressionOptions:
       senders agree on shared scales and their codes are summed as
       integers, or float16/float32 values by a float ring; only for the
       codecs whose payloads add up, `Codec.summed_form`), or
-      `"auto"` (default): per exchange, the one that sends fewer bits by
-      `ndq_tf.theory.exchange_bits` (`resolve_transport`), or
       `"reduce_scatter"` (bucketed codecs without side information: each
       sender's shard `j` goes to receiver `j`, which sums the shards and
-      re-quantizes the sum with DQSG for an all-gather; bits flat in the
-      number of senders, `ndq_tf.distribute.exchanges.reduce_scatter`).
+      re-quantizes the sum with DQSG for an all-gather; bits and decode
+      work flat in the number of senders,
+      `ndq_tf.distribute.exchanges.reduce_scatter`), or `"auto"`
+      (default): per exchange, the one a time model of bits and decode
+      work says is fastest (`resolve_transport`,
+      `ndq_tf.theory.auto_transport`).
     chunk_elements: a fused buffer of more elements than this is encoded,
       sent, decoded and summed in chunks of about this many (whole
       buckets), so that the chunks' stages overlap; the result is bit for
@@ -147,6 +149,11 @@ class CompressionOptions:
       `num_levels` of the DQSG that re-quantizes the reduced shards; None:
       `codec.num_levels` for a `DitheredCodec`, at least 2 (the sum of the
       shards has a wider range than one gradient; docs/algorithms.md).
+    reduce_scatter_error_feedback: `transport="reduce_scatter"` only:
+      each receiver adds its last re-quantization's residual to its
+      reduced shard before re-quantizing it, so stage 2's errors do not
+      accumulate over steps (`ndq_tf.distribute.exchanges.feedback`;
+      default False).
     group_argument: the name the caller gave `reference_group` (e.g.
       `"reference_replicas"`, `"reference_workers"`), for error messages;
       not part of the config.
@@ -162,6 +169,7 @@ class CompressionOptions:
                reference_group=None, adaptive=None, transport="auto",
                chunk_elements=DEFAULT_CHUNK_ELEMENTS,
                reduce_scatter_levels=None,
+               reduce_scatter_error_feedback=False,
                group_argument="reference_group"):
     codec = coerce_codec(codec, "codec")
     self._min_elements = _check_int(min_elements, "min_elements", low=1)
@@ -186,6 +194,16 @@ class CompressionOptions:
             f"'reduce_scatter'. Received: reduce_scatter_levels="
             f"{reduce_scatter_levels!r}, transport={transport!r}.")
     self._reduce_scatter_levels = reduce_scatter_levels
+    if not isinstance(reduce_scatter_error_feedback, bool):
+      raise ValueError(
+          f"`reduce_scatter_error_feedback` must be a bool. Received: "
+          f"reduce_scatter_error_feedback={reduce_scatter_error_feedback!r}.")
+    if reduce_scatter_error_feedback and transport != "reduce_scatter":
+      raise ValueError(
+          f"`reduce_scatter_error_feedback` is only for transport="
+          f"'reduce_scatter'. Received: reduce_scatter_error_feedback=True, "
+          f"transport={transport!r}.")
+    self._reduce_scatter_error_feedback = reduce_scatter_error_feedback
     self._chunk_elements = (None if chunk_elements is None else _check_int(
         chunk_elements, "chunk_elements", low=1))
 
@@ -213,25 +231,31 @@ class CompressionOptions:
     return self._reduce_scatter_levels
 
   @property
+  def reduce_scatter_error_feedback(self):
+    """Whether stage 2 feeds its residual back (`exchanges.feedback`)."""
+    return self._reduce_scatter_error_feedback
+
+  @property
   def chunk_elements(self):
     """About how many elements per chunk of the exchange (None: one chunk)."""
     return self._chunk_elements
 
-  def resolve_transport(self, num_senders, num_elements):
+  def resolve_transport(self, num_senders, num_elements, **model):
     """The transport of an exchange of `num_elements` values among senders.
 
-    `"auto"` picks `ndq_tf.theory.auto_transport`: the integer all-reduce
-    when the payloads add up and it sends fewer bits per sender by the
-    cost model, else the all-gather. Every sender resolves the same static
-    numbers, so all of them pick the same.
+    `"auto"` picks `ndq_tf.theory.auto_transport`: the exchange the time
+    model says is fastest for this many senders and values (`model`: its
+    `on_cpu` and `shared_memory`, from the senders' devices). Every sender
+    resolves the same static numbers, so all of them pick the same (the
+    exchange's fingerprint checks it).
 
     Returns:
-      `"all_gather"`, `"all_reduce"` or (when asked) `"reduce_scatter"`.
+      `"all_gather"`, `"all_reduce"` or `"reduce_scatter"`.
     """
     if self._transport != "auto":
       return self._transport
     return exchanges.auto(self.sender_codecs(num_senders), num_elements,
-                          num_senders)
+                          num_senders, **model)
 
   def _check_reference(self, codec, reference_codec, group, adaptive):
     """Validates the nested-group arguments (the paper's Algorithm 2)."""
@@ -369,6 +393,8 @@ class CompressionOptions:
     }
     if self._reduce_scatter_levels is not None:
       config["reduce_scatter_levels"] = self._reduce_scatter_levels
+    if self._reduce_scatter_error_feedback:
+      config["reduce_scatter_error_feedback"] = True
     if self.nested:
       config["reference_codec"] = keras.saving.serialize_keras_object(
           self._reference_codec)
@@ -399,4 +425,6 @@ class CompressionOptions:
             f"{self._compress_indexed_slices}{nested}, transport="
             f"{self._transport!r}, chunk_elements={self._chunk_elements}"
             + (f", reduce_scatter_levels={self._reduce_scatter_levels}"
-               if self._reduce_scatter_levels is not None else "") + ")")
+               if self._reduce_scatter_levels is not None else "")
+            + (", reduce_scatter_error_feedback=True"
+               if self._reduce_scatter_error_feedback else "") + ")")

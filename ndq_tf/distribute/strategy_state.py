@@ -80,6 +80,8 @@ class StrategyState(tf_internals.Trackable, tf_internals.KerasSaveable):
     store["step"] = np.asarray(engine.step.numpy())
     if engine.nested_state is not None:
       engine.nested_state.save(store)
+    if engine.feedback is not None:
+      engine.feedback.save(store)
 
   def load_own_variables(self, store):
     try:
@@ -90,6 +92,8 @@ class StrategyState(tf_internals.Trackable, tf_internals.KerasSaveable):
     engine.step.assign(int(np.asarray(value)))
     if engine.nested_state is not None:
       engine.nested_state.load(store)
+    if engine.feedback is not None:
+      engine.feedback.load(store)
 
   def __reduce__(self):
     # KerasSaveable pickles models through the Keras format; a strategy is

@@ -26,10 +26,13 @@ __all__ = [
     "split_results",
 ]
 
-#: The decode work of one worker in one exchange of `n` values: elements of
-#: dither it draws (to encode and to decode: a subtractive dither is drawn
-#: again by every receiver), and decodes it runs.
-Work = collections.namedtuple("Work", ["dither_draws", "decodes"])
+#: The work of one worker in one exchange of `n` values (of the whole
+#: process when its devices share one memory): elements of dither it draws
+#: (to encode and to decode: a subtractive dither is drawn again by every
+#: receiver), decodes of `n` elements it runs, and codes it packs into and
+#: unpacks from the integer all-reduce's lanes.
+Work = collections.namedtuple("Work", ["dither_draws", "decodes",
+                                       "lane_codes"], defaults=(0,))
 
 
 class Exchange:
@@ -71,8 +74,12 @@ class Exchange:
     """
     raise NotImplementedError
 
-  def work(self, codecs, num_elements, num_workers):
-    """The `Work` of each worker per exchange of `num_elements` values."""
+  def work(self, codecs, num_elements, num_workers, shared_memory=False):
+    """The `Work` of each worker per exchange of `num_elements` values.
+
+    With `shared_memory`, the work of the one process whose devices hold
+    all `num_workers` senders (`transports.base.shares_memory`).
+    """
     raise NotImplementedError
 
   def run(self, engine, transport, codecs, plan, senders, step, mean,

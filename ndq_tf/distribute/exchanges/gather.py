@@ -47,10 +47,16 @@ class GatherExchange(base.Exchange):
         c.wire_bits(num_elements) // 32 for c in distinct)
     return theory.ring_all_gather_bits(32 * row_words, num_workers)
 
-  def work(self, codecs, num_elements, num_workers):
-    """Each worker encodes its payload and decodes every sender's."""
+  def work(self, codecs, num_elements, num_workers, shared_memory=False):
+    """Each worker encodes its payload and decodes every sender's.
+
+    In one memory each sender is encoded and decoded once: `P` encodes,
+    still `P` decodes.
+    """
     n = num_elements
-    draws = n if getattr(codecs[0], "needs_encode_seed", False) else 0
+    encodes = num_workers if shared_memory else 1
+    draws = sum(n for c in codecs[:encodes]
+                if getattr(c, "needs_encode_seed", False))
     draws += sum(n for c in codecs if getattr(c, "decoder_needs_seed", False))
     return base.Work(dither_draws=draws, decodes=num_workers)
 

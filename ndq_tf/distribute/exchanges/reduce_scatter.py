@@ -39,6 +39,7 @@ from ndq_tf.distribute import fusion_codec
 from ndq_tf.distribute import fusion_plan
 from ndq_tf.distribute import fusion_sum
 from ndq_tf.distribute.exchanges import base
+from ndq_tf.distribute.exchanges import feedback as feedback_lib
 from ndq_tf.distribute.transports import all_gather as all_gather_transport
 from ndq_tf.distribute.transports import all_to_all
 
@@ -216,9 +217,11 @@ class ReduceScatterExchange(base.Exchange):
   #: The header of every stage-1 row (magic, sender, shard, step,
   #: fingerprint); stage 2's all-gather rows add its own header.
   framing_words = all_to_all.SCATTER_HEADER_WORDS
-  #: `transport="auto"` does not pick it: its extra re-quantization error
-  #: is not a cost in bits or work (docs/algorithms.md).
-  automatic = False
+  #: `transport="auto"` picks it where the time model says it is fastest
+  #: (from 3 worker processes on CPUs with the default stage 2; never in
+  #: one shared memory, where its stage 1 decodes `P` buffers): its one
+  #: extra re-quantization is the price (docs/algorithms.md).
+  automatic = True
 
   def refusal(self, codec, nested):
     return _NESTED_REFUSAL if nested else _refusal(codec)
@@ -227,18 +230,22 @@ class ReduceScatterExchange(base.Exchange):
     """`reduce_scatter_bits` with the default stage-2 codec."""
     return reduce_scatter_bits(codecs, num_elements, num_workers)
 
-  def work(self, codecs, num_elements, num_workers):
+  def work(self, codecs, num_elements, num_workers, shared_memory=False):
     """Stage 1 decodes `P` shards of `n/P`, stage 2 as many: two buffers.
 
     `decodes` counts whole buffers; the dither draws are the senders'
     encode and the shards' decode of stage 1, plus stage 2's DQSG (its
-    encode of one shard and its decode of all of them).
+    encode of one shard and its decode of all of them). In one memory the
+    process encodes `P` buffers, decodes `P` shards for each of its `P`
+    receivers (`P` buffers), encodes every reduced shard (one buffer) and
+    decodes stage 2 once.
     """
-    codec, n = codecs[0], num_elements
-    draws = n if getattr(codec, "needs_encode_seed", False) else 0
-    draws += n if getattr(codec, "decoder_needs_seed", False) else 0
-    draws += -(-n // num_workers) + n
-    return base.Work(dither_draws=draws, decodes=2)
+    codec, n, p = codecs[0], num_elements, num_workers
+    copies = p if shared_memory else 1
+    draws = copies * n if getattr(codec, "needs_encode_seed", False) else 0
+    draws += copies * n if getattr(codec, "decoder_needs_seed", False) else 0
+    draws += (n if shared_memory else -(-n // p)) + n
+    return base.Work(dither_draws=draws, decodes=copies + 1)
 
   def run(self, engine, transport, codecs, plan, senders, step, mean,
           divisor, lossless_values, mark):
@@ -250,6 +257,9 @@ class ReduceScatterExchange(base.Exchange):
     words = [[_words(c, plan, s) for s in parts] for c in codecs]
     words2 = [_words(second, plan, s) for s in parts]
 
+    feedback = (engine.feedback.variable_for(plan.signature, plan.total_size)
+                if engine.options.reduce_scatter_error_feedback else None)
+    sums = {}  # Shard -> the re-quantized sum (with feedback: s_t).
     rows = []
     for x in senders:
       with tf.device(x.device), tf.name_scope("ndq_encode"):
@@ -276,6 +286,9 @@ class ReduceScatterExchange(base.Exchange):
                  for i in range(num_senders)]
         total = fusion_sum.sum_senders(fusion_codec.decode_senders(
             codecs, r.wires, seeds, plan, chunk=shard))
+        if feedback is not None:
+          total = feedback_lib.add_residual(feedback, shard, total, r.device)
+          sums[r.local_sender] = total
       with tf.device(r.device), tf.name_scope("ndq_encode"):
         reduced.append((r.local_sender, r.device, fusion_codec.encode_flat(
             second, total, engine.seed(STAGE2_SENDER, step), plan,
@@ -301,6 +314,13 @@ class ReduceScatterExchange(base.Exchange):
             pieces.append(fusion_codec.decode_senders(
                 [second], [g.wires[j]], [seed], plan, chunk=shard)[0])
         total = tf.concat(pieces, axis=0) if len(pieces) > 1 else pieces[0]
+        if feedback is not None and k == 0:
+          # e_t = s_t − x̂_t of every local shard, from the first decode.
+          decoded = dict(zip((j for j, s in enumerate(parts) if s.length),
+                             pieces))
+          feedback_lib.store_residuals(
+              feedback, parts,
+              {j: sums[j] - decoded[j] for j in sums}, engine.device)
       with tf.device(g.device), tf.name_scope("ndq_sum"):
         if mean:
           total = total / float(divisor or num_senders)

@@ -88,15 +88,21 @@ class SumExchange(base.Exchange):
         layout.wire_bits + 32 * (first.num_scales(n) + self.framing_words),
         p)
 
-  def work(self, codecs, num_elements, num_workers):
-    """One encode, and one decode of the sum, which draws every dither."""
+  def work(self, codecs, num_elements, num_workers, shared_memory=False):
+    """One encode, and one decode of the sum, which draws every dither.
+
+    The codes are packed into lanes once per encode and unpacked once; in
+    one memory there are `P` encodes and still one decode.
+    """
     codec, n = codecs[0], num_elements
     if codec.summed_form() != "codes":
       return base.Work(dither_draws=0, decodes=0)
-    draws = n if getattr(codec, "needs_encode_seed", False) else 0
+    encodes = num_workers if shared_memory else 1
+    draws = encodes * n if getattr(codec, "needs_encode_seed", False) else 0
     if getattr(codec, "decoder_needs_seed", False):
       draws += num_workers * n
-    return base.Work(dither_draws=draws, decodes=1)
+    return base.Work(dither_draws=draws, decodes=1,
+                     lane_codes=(encodes + 1) * n)
 
   def run(self, engine, transport, codecs, plan, senders, step, mean,
           divisor, lossless_values, mark):
