@@ -94,12 +94,16 @@ def exchange_bits(codec, num_elements, num_workers, name):
                        num_elements, num_workers)
 
 
-def exchange_work(codec, num_elements, num_workers, name):
-  """The decode `base.Work` of each worker per exchange `name`."""
+def exchange_work(codec, num_elements, num_workers, name,
+                  shared_memory=False):
+  """The decode `base.Work` of each worker per exchange `name`.
+
+  With `shared_memory`, of the one process holding every sender.
+  """
   exchange = get(name)
   codecs = _codecs(codec, num_elements, num_workers, name)
   exchange.bits(codecs, num_elements, num_workers)  # Raises if refused.
-  return exchange.work(codecs, num_elements, num_workers)
+  return exchange.work(codecs, num_elements, num_workers, shared_memory)
 
 
 #: The CPU time model's constants, in nanoseconds per element: one dither
@@ -134,8 +138,8 @@ def exchange_seconds(codec, num_elements, num_workers, name,
   bits = exchange_bits(codec, num_elements, num_workers, name)
   seconds = 0.0 if shared_memory else bits / (link_gbps * 1e9)
   if on_cpu:
-    work = get(name).work(_codecs(codec, num_elements, num_workers, name),
-                          num_elements, num_workers, shared_memory)
+    work = exchange_work(codec, num_elements, num_workers, name,
+                         shared_memory)
     seconds += 1e-9 * (work.dither_draws * DRAW_NS
                        + work.decodes * num_elements * DECODE_NS
                        + work.lane_codes * LANE_NS)
