@@ -15,6 +15,7 @@ multi-worker path, so that change of bits needs no update here.
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -173,6 +174,94 @@ def test_several_devices_per_worker_sum_locally_and_encode_once():
   assert stats["compressed_elements"] == 3000
 
 
+def _one_worker_exchange(chunk_elements, group_key_start):
+  """A one-worker `MultiWorkerCompressedAllReduce` and its traced `_exchange`.
+
+  Returns the exchange's compressed all-reduce, the `tf.function` of one
+  exchange of a 3000-value tensor (DQSG, 6 chunks of 512) and its graph.
+  """
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import collective_util  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import reduce_util  # pylint: disable=g-import-not-at-top
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")][:1]
+  ops = multi_worker.MultiWorkerCompressedAllReduce(
+      devices=devices, group_size=1, options=collective_util.Options(),
+      collective_keys=cross_device_utils.CollectiveKeys(
+          group_key_start=group_key_start),
+      compression=options_lib.CompressionOptions(
+          ndq_tf.DitheredCodec(num_levels=1), min_elements=10,
+          transport="all_gather", chunk_elements=chunk_elements),
+      num_workers=1, worker_id=0, labels=None)
+  with tf.device(devices[0]):
+    value = tf.random.stateless_normal([3000], seed=[3, 1])
+
+  @tf.function
+  def reduce():
+    return ops._exchange(  # pylint: disable=protected-access
+        reduce_util.ReduceOp.SUM, [(0, [value])], collective_util.Options(),
+        [])
+
+  return ops, reduce, reduce.get_concrete_function().graph
+
+
+def _ancestors(op):
+  """Every op `op` depends on, through data and control edges."""
+  seen, stack = set(), [op]
+  while stack:
+    current = stack.pop()
+    for parent in [t.op for t in current.inputs] + list(
+        current.control_inputs):
+      if parent not in seen:
+        seen.add(parent)
+        stack.append(parent)
+  return seen
+
+
+def test_chunks_alternate_two_ordering_chains_on_a_cpu(monkeypatch):
+  """Chunk k's all-gather is on chain k % 2; the bits are one chain's.
+
+  With one ordering token, chunk k + 1's collective waits for chunk k's
+  (auto control dependencies chain the users of one resource), and on one
+  inter-op thread behind chunk k's decode (issue #20).
+  """
+  ops, reduce, graph = _one_worker_exchange(512, group_key_start=7100)
+  assert ops.ordering_chains == multi_worker.EXCHANGES_IN_FLIGHT == 2
+  gathers = {}
+  for op in graph.get_operations():
+    if op.type == "CollectiveGatherV2":
+      gathers[int(re.search(r"ndq_chunk(\d+)/", op.name).group(1))] = op
+  assert sorted(gathers) == list(range(6))
+  # Inputs: value, group size, group key, instance key, ordering token.
+  tokens = [gathers[k].inputs[4] for k in range(6)]
+  assert tokens[0] is not tokens[1]
+  for k in range(6):
+    assert tokens[k] is tokens[k % 2]
+  for k in range(5):
+    assert gathers[k] not in _ancestors(gathers[k + 1])
+  for k in range(4):
+    assert gathers[k] in _ancestors(gathers[k + 2])
+  two_chains = reduce()[0].numpy()
+
+  monkeypatch.setattr(multi_worker, "EXCHANGES_IN_FLIGHT", 1)
+  ops, reduce, graph = _one_worker_exchange(512, group_key_start=7200)
+  assert ops.ordering_chains == 1
+  gathers = [op for op in graph.get_operations()
+             if op.type == "CollectiveGatherV2"]
+  assert len({id(op.inputs[4]) for op in gathers}) == 1
+  one_chain = reduce()[0].numpy()
+  np.testing.assert_array_equal(two_chains.view(np.uint32),
+                                one_chain.view(np.uint32))
+
+
+def test_one_ordering_chain_off_a_cpu():
+  """NCCL needs every worker to launch collectives in one order."""
+  assert multi_worker.ordering_chains(
+      "/job:worker/replica:0/task:0/device:CPU:0") == 2
+  assert multi_worker.ordering_chains(
+      "/job:worker/replica:0/task:0/device:GPU:0") == 1
+
+
 def test_fit_two_workers_bitwise_identical_and_wire_bits(tmp_path):
   out = str(tmp_path / "out")
   code, output = _run_job("--mode", "fit", "--steps", "20", "--out_dir", out)
@@ -200,13 +289,17 @@ def test_fit_two_workers_bitwise_identical_and_wire_bits(tmp_path):
 @pytest.mark.parametrize("eager, steps", [(False, 10), (True, 4)],
                          ids=["tf_function", "eager"])
 def test_custom_training_loop_two_workers(tmp_path, eager, steps):
+  """The `tf.function` job exchanges in 4 chunks on two ordering chains."""
   out = str(tmp_path / "out")
+  chunks = [] if eager else ["--chunk_elements", "512"]
   code, output = _run_job("--mode", "ctl", "--steps", str(steps),
-                          "--out_dir", out, *(["--eager"] if eager else []))
+                          "--out_dir", out, *(["--eager"] if eager else []),
+                          *chunks)
   assert code == 0, output
   results = _results(out)
   _assert_bitwise_identical(results)
   for r in results:
+    assert int(r["ordering_chains"]) == multi_worker.EXCHANGES_IN_FLIGHT
     # One compressed exchange per step: the user's all_reduce inside
     # `uncompressed()` was not compressed, and it is exact.
     assert int(r["step_after"]) == steps == int(r["iterations"])

@@ -42,8 +42,10 @@ from ndq_tf.distribute import tf_internals
 from ndq_tf.distribute import transports
 
 __all__ = [
+    "EXCHANGES_IN_FLIGHT",
     "MultiWorkerCompressedAllReduce",
     "MultiWorkerMirroredStrategy",
+    "ordering_chains",
 ]
 
 CodecLike = cross_device_ops.CodecLike
@@ -56,6 +58,29 @@ _WHO = "ndq_tf.MultiWorkerMirroredStrategy"
 # n-th strategy of each worker gets the same keys.
 _GROUP_KEYS_PER_STRATEGY = 1000
 _STRATEGIES = itertools.count()
+#: Chains of collectives the compressed exchange keeps on a CPU exchange
+#: device (`ordering_chains`): the collectives of one exchange take them in
+#: turn, so the all-gather of chunk `k + 1` (chain `(k + 1) % 2`) need not
+#: wait for chunk `k`'s (chain `k % 2`), and is on the link while chunk `k`
+#: is decoded (issue #20).
+EXCHANGES_IN_FLIGHT = 2
+
+
+def ordering_chains(device):
+  """How many ordering-token chains the exchange on `device` uses.
+
+  One collective launcher orders its collectives by one token, so each
+  waits for the one before it, which on one inter-op thread is launched
+  only after the previous chunk's decode. On a CPU, `EXCHANGES_IN_FLIGHT`
+  chains: TF's CPU collectives match instances by key, in any order. On
+  any other device one: NCCL needs every worker to launch its collectives
+  in one order.
+
+  Args:
+    device: the exchange device (a device string).
+  """
+  kind = tf.DeviceSpec.from_string(device).device_type or ""
+  return EXCHANGES_IN_FLIGHT if kind.upper() == "CPU" else 1
 
 
 def _local_sum(parts):
@@ -105,6 +130,9 @@ class MultiWorkerCompressedAllReduce(cross_device_ops.DeprecatedTelemetry,
     self._launcher = tf_internals.multi_worker().CollectiveReplicaLauncher(
         group_key, num_workers, self._collective_keys, self._exchange_device,
         options)
+    # The launcher's token and the extra ones, made now, outside any trace.
+    self._chains = ordering_chains(self._exchange_device)
+    tf_internals.extra_ordering_tokens(self._launcher, self._chains - 1)
     self._engine = engine or engine_lib.ExchangeEngine(
         compression, device=self._exchange_device)
     # Keras' steps_per_execution runs the step in a loop (tf_internals).
@@ -122,6 +150,11 @@ class MultiWorkerCompressedAllReduce(cross_device_ops.DeprecatedTelemetry,
   @property
   def worker_id(self):
     return self._worker_id
+
+  @property
+  def ordering_chains(self):
+    """Chains of collectives the exchange keeps in flight (`ordering_chains`)."""
+    return self._chains
 
   @property
   def num_workers(self):
@@ -178,19 +211,32 @@ class MultiWorkerCompressedAllReduce(cross_device_ops.DeprecatedTelemetry,
     return results
 
   def _exchange(self, reduce_op, compressed, options, lossless_values):
-    """Local lossless sum, one encode per worker, the exchange, the decode."""
+    """Local lossless sum, one encode per worker, the exchange, the decode.
+
+    The exchange's collectives take the ordering chains in turn, in
+    program order (`ordering_chains`): under the all-gather chunk `k`'s
+    collective is on chain `k % 2` of two on a CPU. The same ops, instance
+    keys and bits whatever the chains.
+    """
     device = self._exchange_device
+    # None: the launcher's own token, first; then the extra ones.
+    turns = itertools.cycle([None] + tf_internals.extra_ordering_tokens(
+        self._launcher, self._chains - 1))
+    launcher = self._launcher
     with tf.device(device), tf.name_scope("ndq_compressed_all_reduce"):
       local = [_local_sum(dense) for _, dense in compressed]
       gather = transports.AllGatherTransport(
-          lambda row: tf_internals.all_gather(self._launcher, row, options),
+          lambda row: tf_internals.all_gather(
+              launcher, row, options, ordering_token=next(turns)),
           self._num_workers, self._worker_id, device, who=_WHO)
       reduce = transports.CollectiveSumTransport(
           lambda value, merge_op: tf_internals.all_reduce(
-              self._launcher, value, options, merge_op),
+              launcher, value, options, merge_op,
+              ordering_token=next(turns)),
           self._num_workers, self._worker_id, device, who=_WHO)
       scatter = transports.AllToAllTransport(
-          lambda rows: tf_internals.all_to_all(self._launcher, rows, options),
+          lambda rows: tf_internals.all_to_all(
+              launcher, rows, options, ordering_token=next(turns)),
           gather, self._num_workers, self._worker_id, device, who=_WHO)
       (summed,) = self._engine.exchange(
           {"all_gather": gather, "all_reduce": reduce,

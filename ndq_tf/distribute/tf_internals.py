@@ -48,6 +48,7 @@ __all__ = [
     "all_to_all",
     "check_versions",
     "cross_device_ops_of",
+    "extra_ordering_tokens",
     "get_devices_from",
     "in_xla_context",
     "is_jit_compiled",
@@ -282,6 +283,7 @@ def _load_multi_worker():
           collective_all_reduce_strategy.CollectiveAllReduceExtended),
       CollectiveReplicaLauncher=cross_device_utils.CollectiveReplicaLauncher,
       mark_as_unsaveable=values_util.mark_as_unsaveable,
+      all_gather_v2=collective_ops.all_gather_v2,
       all_reduce_v2=collective_ops.all_reduce_v2,
       all_to_all_v2=collective_ops.all_to_all_v2,
   )
@@ -291,6 +293,8 @@ def _load_multi_worker():
                        "_next_instance_key"),
                       (namespace.CollectiveReplicaLauncher,
                        "_get_ordering_token"),
+                      (namespace.CollectiveReplicaLauncher,
+                       "_use_ordering_token"),
                       (namespace.CollectiveAllReduceExtended,
                        "_initialize_multi_worker"),
                       (namespace.CollectiveAllReduceExtended,
@@ -330,47 +334,111 @@ def multi_worker():
   return _MULTI_WORKER
 
 
-def all_reduce(launcher, value, options, merge_op="Add"):
+def all_reduce(launcher, value, options, merge_op="Add",
+               ordering_token=None):
   """`CollectiveReplicaLauncher.all_reduce` of `value` with `merge_op`.
 
   The launcher's own `all_reduce` always adds; the scales of the compressed
-  exchange need `"Max"`. Same instance keys, ordering token and options.
+  exchange need `"Max"`. Same instance keys and options; the launcher's
+  ordering token unless `ordering_token` (`extra_ordering_tokens`) is given.
   """
   # pylint: disable=protected-access
   with tf.device(launcher._device):
     return multi_worker().all_reduce_v2(
         value, launcher._group_size, launcher._group_key, merge_op=merge_op,
-        final_op="Id", **_collective_arguments(launcher, options))
+        final_op="Id",
+        **_collective_arguments(launcher, options, ordering_token))
 
 
-def all_to_all(launcher, value, options):
+def all_to_all(launcher, value, options, ordering_token=None):
   """`CollectiveAllToAllV2` of `value` (`[group size, ...]`) in the launcher's group.
 
   Row `i` of `value` goes to the worker of rank `i`; row `i` of the result
-  came from it. Same instance keys, ordering token and options as the
-  launcher's own collectives (TF's launcher has no all-to-all).
+  came from it. Same instance keys and options as the launcher's own
+  collectives (TF's launcher has no all-to-all), and its ordering token
+  unless `ordering_token` is given.
   """
   # pylint: disable=protected-access
   with tf.device(launcher._device):
     return multi_worker().all_to_all_v2(
         value, launcher._group_size, launcher._group_key,
-        **_collective_arguments(launcher, options))
+        **_collective_arguments(launcher, options, ordering_token))
 
 
-def _collective_arguments(launcher, options):
-  """A launcher's next instance key, ordering token, hint and timeout."""
+def _collective_arguments(launcher, options, ordering_token=None):
+  """A launcher's next instance key, an ordering token, hint and timeout.
+
+  The token is `ordering_token`, or the launcher's own when None.
+  """
   # pylint: disable=protected-access
   instance_key = launcher._next_instance_key()
   options = launcher._options.merge(options)
+  if ordering_token is None:
+    ordering_token = launcher._get_ordering_token()
   return dict(instance_key=instance_key,
               communication_hint=options.implementation.value,
               timeout=options.timeout_seconds,
-              ordering_token=launcher._get_ordering_token())
+              ordering_token=ordering_token)
 
 
-def all_gather(launcher, value, options):
-  """`CollectiveReplicaLauncher`'s all-gather of `value` along axis 0."""
-  return launcher._all_gather(value, options)  # pylint: disable=protected-access
+def all_gather(launcher, value, options, ordering_token=None):
+  """`CollectiveReplicaLauncher`'s all-gather of `value` along axis 0.
+
+  With `ordering_token` (`extra_ordering_tokens`), the same collective
+  (same instance key, options and device) ordered by that token instead of
+  the launcher's.
+  """
+  # pylint: disable=protected-access
+  if ordering_token is None:
+    return launcher._all_gather(value, options)
+  arguments = _collective_arguments(launcher, options, ordering_token)
+  with tf.device(launcher._device):
+    return multi_worker().all_gather_v2(
+        value, launcher._group_size, launcher._group_key, **arguments)
+
+
+# -- Ordering tokens: several chains of collectives per launcher --------------
+# A `CollectiveReplicaLauncher` orders all its collectives by one token, a
+# resource variable every collective takes as input: TF's automatic control
+# dependencies chain the ops that use one resource in program order, so a
+# collective starts only after the previous one ended (NCCL needs every
+# worker to launch its collectives in one order). Collectives given
+# different tokens are not chained to each other. Their instance keys still
+# come from the launcher's counter, in trace order, so they agree on every
+# worker whatever the token.
+
+
+def extra_ordering_tokens(launcher, count):
+  """The handles of `count` more ordering tokens of `launcher`.
+
+  Made as TF makes the launcher's own (`CollectiveReplicaLauncher.__init__`:
+  a float `ResourceVariable` on the launcher's device, under `init_scope`),
+  once per launcher and kept on it; later calls return the same tokens.
+
+  Args:
+    launcher: a `CollectiveReplicaLauncher`.
+    count: how many, an integer >= 0.
+
+  Returns:
+    A list of `count` resource handles; empty when the launcher orders
+    nothing by tokens (TF1 graph mode, where control edges order it).
+
+  Raises:
+    ValueError: if `count` is not an integer >= 0.
+  """
+  if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+    raise ValueError(f"`count` must be an integer >= 0. Received: "
+                     f"count={count!r}.")
+  # pylint: disable=protected-access
+  if not launcher._use_ordering_token():
+    return []
+  tokens = getattr(launcher, "_ndq_ordering_tokens", None)
+  if tokens is None:
+    tokens = launcher._ndq_ordering_tokens = []
+  while len(tokens) < count:
+    with tf.init_scope(), tf.device(launcher._device):
+      tokens.append(_ResourceVariable(0.))
+  return [token.handle for token in tokens[:count]]
 
 
 def multi_worker_available():

@@ -53,6 +53,8 @@ def _parse():
                       "worker 0 the reference DitheredCodec(num_levels=1).")
   p.add_argument("--adaptive", action="store_true",
                  help="With --nested: the automatic mode (adaptive=True).")
+  p.add_argument("--chunk_elements", type=int, default=None,
+                 help="The strategy's chunk_elements (default: its own).")
   return p.parse_args()
 
 
@@ -80,9 +82,11 @@ def main():
         cluster_timeout=60)
   else:
     codecs = [ndq_tf.DitheredCodec(num_levels=args.num_levels)] * 2
+    chunks = ({} if args.chunk_elements is None
+              else {"chunk_elements": args.chunk_elements})
     strategy = multi_worker.MultiWorkerMirroredStrategy(
         codec=codecs[0], min_elements=MIN_ELEMENTS, seed=7,
-        cluster_timeout=60)
+        cluster_timeout=60, **chunks)
   worker = strategy.cluster_resolver.task_id
   codec = codecs[worker]
   os.makedirs(args.out_dir, exist_ok=True)
@@ -203,8 +207,15 @@ def main():
       compressed_elements=np.int64(stats["compressed_elements"]),
       lossless_elements=np.int64(stats["lossless_elements"]),
       compression_ratio=np.float64(stats["compression_ratio"]),
-      expected_wire_bits=np.int64(codec.wire_bits(INPUTS * HIDDEN)),
+      # Chunks of whole buckets (`--chunk_elements` a multiple of 512, a
+      # divisor of the kernel's 2048) each pay their own word padding.
+      expected_wire_bits=np.int64(
+          codec.wire_bits(INPUTS * HIDDEN) if args.chunk_elements is None
+          else INPUTS * HIDDEN // args.chunk_elements
+          * codec.wire_bits(args.chunk_elements)),
       num_weights=np.int64(len(model.weights)),
+      ordering_chains=np.int64(getattr(strategy.compressed_all_reduce,
+                                       "ordering_chains", 1)),
       uncompressed_error=np.float64(record.get("uncompressed_error", 0.0)),
       fallback=np.asarray(record.get("fallback", []), np.float64),
       overloads=np.int64(stats.get("overloads", -1)),
