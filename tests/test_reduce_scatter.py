@@ -13,7 +13,9 @@ import tensorflow as tf
 import ndq_tf
 from ndq_tf import theory
 from ndq_tf.distribute import engine as engine_lib
+from ndq_tf.distribute import exchanges
 from ndq_tf.distribute import fusion
+from ndq_tf.distribute import nested_state
 from ndq_tf.distribute import transports
 from ndq_tf.distribute.exchanges import reduce_scatter
 from ndq_tf.distribute.mirrored import MirroredStrategy
@@ -63,8 +65,6 @@ def _exchange(engine, values, devices):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(codec="ndqsg", reference_codec="dqsg"),
-     "does not take nested codecs"),
     (dict(codec=ndq_tf.Float32Codec()), "must have a `bucket_size`"),
     (dict(codec="dqsg", reduce_scatter_levels=0), "reduce_scatter_levels"),
 ])
@@ -112,8 +112,15 @@ def test_cost_model_is_flat_in_the_workers():
     assert bits == 32 * (p - 1) * (
         10 + words + default.wire_bits(shard) // 32)
     assert bits / n <= 4.3
-  with pytest.raises(ValueError, match="nested codecs"):
+  # Nested codecs need a reference group decoded first.
+  with pytest.raises(ValueError, match="nested codecs need side information"):
     theory.exchange_bits(ndq_tf.NestedDitheredCodec(), n, 4, "reduce_scatter")
+  group = [codec, codec, ndq_tf.NestedDitheredCodec(coarse_ratio=3)] * 2
+  shard = -(-n // 512 // 6) * 512
+  w1 = max(c.wire_bits(shard) // 32 for c in group)
+  assert theory.exchange_bits(group[:4], n, 4, "reduce_scatter") > 0
+  assert theory.exchange_bits(group, n, 6, "reduce_scatter") == 32 * 5 * (
+      10 + w1 + default.wire_bits(shard) // 32)
 
 
 def test_replicas_end_bitwise_identical_with_the_models_bits():
@@ -229,3 +236,163 @@ def test_other_bucketed_codecs_leave_identical_sums(codec):
     # Loose: QSGD with 2 levels alone errs by about 2x the norm here.
     assert np.linalg.norm(draws[-1] - exact) < 5 * np.linalg.norm(exact)
   assert not np.array_equal(draws[0], draws[1])
+
+
+# -- Nested groups -------------------------------------------------------------
+
+
+def _nested_options(transport, adaptive, rotation, d):
+  return CompressionOptions(
+      ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3, bucket_size=d,
+                                 rotation=rotation),
+      reference_codec=ndq_tf.DitheredCodec(num_levels=3, bucket_size=d),
+      reference_group=2, adaptive=adaptive, transport=transport, seed=13,
+      min_elements=64)
+
+
+def _correlated(step, shapes):
+  """`g_p = c + 0.05·n_p` for every replica (lists of tensors)."""
+  rng = np.random.default_rng(100 + step)
+  common = [rng.normal(size=s) for s in shapes]
+  return [[tf.constant(c + 0.05 * rng.normal(size=c.shape), tf.float32)
+           for c in common] for _ in range(NUM_REPLICAS)]
+
+
+_NESTED_STATS = ("overloads", "nested_elements", "overload_rate",
+                 "overload_probability", "fallback_fraction")
+
+
+@pytest.mark.parametrize("adaptive, rotation, shapes", [
+    (False, None, ((13, 512), (300,))),   # 14 buckets: shards of 3 and 4
+    (True, None, ((13, 512), (300,))),
+    (True, None, ((3, 512),)),            # 3 buckets: shard 0 is empty
+    (False, "hadamard", ((21, 64), (40,))),
+    (True, "hadamard", ((21, 64), (40,))),
+], ids=["fixed", "adaptive", "adaptive-empty-shard", "fixed-rotated",
+        "adaptive-rotated"])
+def test_nested_group_keeps_the_all_gathers_noise_state_bit_for_bit(
+    adaptive, rotation, shapes):
+  """Two DQSG reference replicas, two NDQSG ones; three eager exchanges.
+
+  Receiver `j` decodes the shards `j` with the all-gather's side
+  information, so the nested senders' noise state (and the statistics in
+  the telemetry) after every step is the all-gather's, bit for bit; in
+  the adaptive mode the next step encodes with it. Every replica ends
+  with bitwise the same sum.
+  """
+  d = 64 if rotation else 512
+  devices = _devices()
+  engines = {t: engine_lib.ExchangeEngine(_nested_options(t, adaptive,
+                                                          rotation, d))
+             for t in ("all_gather", "reduce_scatter")}
+  for step in range(3):
+    values = _correlated(step, shapes)
+    results = {t: _exchange(e, values, devices) for t, e in engines.items()}
+    for r in results["reduce_scatter"][1:]:
+      for a, b in zip(results["reduce_scatter"][0], r):
+        np.testing.assert_array_equal(_bits(a), _bits(b))
+    (g_sig, (g_scale, g_gain)), = engines["all_gather"].nested_state.items()
+    (r_sig, (r_scale, r_gain)), = engines["reduce_scatter"].nested_state.items()
+    assert g_sig == r_sig
+    np.testing.assert_array_equal(_bits(g_scale.numpy()),
+                                  _bits(r_scale.numpy()))
+    np.testing.assert_array_equal(_bits(g_gain.numpy()), _bits(r_gain.numpy()))
+    assert np.all(np.isnan(r_scale.numpy()[:2]))  # The reference replicas.
+    assert np.all(np.isfinite(r_scale.numpy()[2:]))
+    stats = {t: e.stats() for t, e in engines.items()}
+    assert stats["reduce_scatter"]["transport"] == "reduce_scatter"
+    for key in _NESTED_STATS:
+      np.testing.assert_equal(stats["reduce_scatter"][key],
+                              stats["all_gather"][key], err_msg=key)
+    # Both sums are near the exact one (the reduce-scatter's re-quantized
+    # sum of correlated gradients errs by about 0.1-0.4 of its norm).
+    exact = [sum(v[k].numpy() for v in values) for k in range(len(shapes))]
+    for t in engines:
+      err = sum(np.sum((r.numpy() - x)**2)
+                for r, x in zip(results[t][0], exact))
+      assert err < 0.5 * sum(np.sum(x**2) for x in exact), (t, err)
+  if adaptive:  # The last steps encoded with the noise state: nested.
+    assert stats["reduce_scatter"]["fallback_fraction"] < 0.5
+  codecs = engines["reduce_scatter"].options.sender_codecs(NUM_REPLICAS)
+  n = sum(-(-int(np.prod(s)) // d) * d for s in shapes)
+  assert stats["reduce_scatter"]["model_link_bits"] == round(
+      NUM_REPLICAS * theory.exchange_bits(codecs, n, NUM_REPLICAS,
+                                          "reduce_scatter"))
+
+
+@pytest.mark.parametrize("rotation", [None, "hadamard"])
+def test_shard_statistics_add_up_to_the_whole_buffers(rotation):
+  """What a worker counts over its own shard (multi-worker, fixed mode).
+
+  The statistics of a nested sender over each shard alone
+  (`sender_statistics(..., chunk=shard)`, a rotated codec's signs at the
+  shard's place) add up to those over the whole buffer: the same counts,
+  the same noise scale per bucket.
+  """
+  d = 64
+  options = _nested_options("reduce_scatter", False, rotation, d)
+  codecs = options.sender_codecs(NUM_REPLICAS)
+  values = _correlated(0, ((21, 64), (40,)))
+  plan = fusion.FusionPlan.from_tensors(values[0], d)
+  base = tf.constant([13, engine_lib.SEED_TAG], tf.int32)
+  seeds = [fusion.derive_seed(base, 0, s) for s in range(NUM_REPLICAS)]
+  wires = [fusion.encode_fused(c, v, s, plan)
+           for c, v, s in zip(codecs, values, seeds)]
+  decoded, side = fusion.decode_senders(codecs, wires, seeds, plan,
+                                        return_side_information=True)
+  me = 3
+  fused = plan.flatten(values[me])
+  whole = nested_state.sender_statistics(codecs[me], wires[me], fused,
+                                         side[me], decoded[me], plan,
+                                         seed=seeds[me])
+  parts = reduce_scatter.shards(plan, NUM_REPLICAS)
+  scales = fusion.wire_scales(codecs[me], wires[me], plan)
+  counted = {k: 0 for k in ("overloads", "nested_elements",
+                            "fallback_buckets", "expected_overloads")}
+  sigma = []
+  for shard in parts:
+    piece = slice(shard.start, shard.start + shard.length)
+    mine = nested_state.sender_statistics(
+        codecs[me], None, fused[piece], side[me][piece], decoded[me][piece],
+        plan, scales=scales[shard.start // d:
+                            (shard.start + shard.length) // d],
+        seed=seeds[me], chunk=shard)
+    for k in counted:
+      counted[k] += mine[k].numpy()
+    sigma.append(mine["noise_scale"].numpy())
+  assert whole["nested_elements"].numpy() == counted["nested_elements"] > 0
+  assert whole["overloads"].numpy() == counted["overloads"]
+  assert whole["fallback_buckets"].numpy() == counted["fallback_buckets"]
+  assert whole["expected_overloads"].numpy() == pytest.approx(
+      counted["expected_overloads"], rel=1e-9)
+  np.testing.assert_allclose(np.concatenate(sigma),
+                             whole["noise_scale"].numpy(), rtol=1e-6)
+
+
+def test_adaptive_nested_group_is_refused_across_processes():
+  """One sender per worker: shard j's side information is on worker j only."""
+  kwargs = dict(codec=ndq_tf.NestedDitheredCodec(coarse_ratio=3),
+                reference_codec=ndq_tf.DitheredCodec(num_levels=1),
+                transport="reduce_scatter")
+  match = ("transport='reduce_scatter' cannot run the adaptive nested mode "
+           r"\(adaptive=True.*across processes.*transport='all_gather'")
+  with pytest.raises(ValueError, match=match):
+    ndq_tf.MultiWorkerMirroredStrategy(adaptive=True, **kwargs)
+  # The exchange itself refuses it where a sender is in another process.
+  options = CompressionOptions(adaptive=True, **kwargs)
+  engine = engine_lib.ExchangeEngine(options)
+  device = _devices()[0]
+  gather = transports.AllGatherTransport(lambda row: row, 2, 1, device)
+  scatter = transports.AllToAllTransport(lambda rows: rows, gather, 2, 1,
+                                         device)
+  with tf.device(device):
+    sender = engine_lib.LocalSender(1, device, [tf.ones([1024])])
+  with pytest.raises(ValueError, match=match):
+    engine.exchange({"all_gather": gather, "reduce_scatter": scatter},
+                    [sender], "sum")
+  # The fixed mode is carried; "auto" gathers nested groups whatever the
+  # reduce-scatter's cost.
+  CompressionOptions(adaptive=False, **kwargs)
+  codecs = options.sender_codecs(4)
+  assert reduce_scatter.EXCHANGE.bits(codecs, 2**20, 4) > 0
+  assert exchanges.auto(codecs, 2**20, 4) == "all_gather"

@@ -186,7 +186,10 @@ class NestedDitheredCodec(bucketed.BucketedCodec):
     kappa = tf.cast(scales, xb.dtype)
     sigma = tf.cast(noise_scale, xb.dtype)
     # The step the receivers will see: rounded through the float32 scale.
-    wire_fine = tf.cast(ratio * sigma * self._num_levels, tf.float32)
+    # One product with one constant: XLA reassociated `ratio·σ·levels`
+    # differently for one bucket than for several, so a bucket's step
+    # depended on how many were encoded with it (a chunk, a shard).
+    wire_fine = tf.cast(sigma * (ratio * self._num_levels), tf.float32)
     fine = tf.cast(wire_fine, xb.dtype) / self._num_levels
     mse_nested = sigma * sigma * theory.auto_nested_mse_factor(
         k, self._overload_target, alpha)

@@ -321,7 +321,7 @@ class ExchangeEngine(tf.Module):
       scale_variable.assign(tf.stack([r.scale for r in rows]))
       gain_variable.assign(tf.stack([r.gain for r in rows]))
       self.telemetry.record_nested(
-          [dict(statistics[p], num_buckets=num_buckets)
+          [{"num_buckets": num_buckets, **statistics[p]}  # Or a shard's.
            for p in sorted(statistics)])
 
   def record(self, transport, plan, senders, lossless_values, payload_bits,

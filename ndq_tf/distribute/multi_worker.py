@@ -40,6 +40,7 @@ from ndq_tf.distribute import options as options_lib
 from ndq_tf.distribute import strategy_state
 from ndq_tf.distribute import tf_internals
 from ndq_tf.distribute import transports
+from ndq_tf.distribute.exchanges import nested_shards
 
 __all__ = [
     "EXCHANGES_IN_FLIGHT",
@@ -395,6 +396,9 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
     reduce_scatter_levels: `transport="reduce_scatter"` only: levels of
       the DQSG that re-quantizes the reduced shards (None: the codec's
       own for a DitheredCodec, at least 2; `CompressionOptions`).
+      Nested groups go through `transport="reduce_scatter"` in the fixed
+      mode only: each nested worker counts its statistics over the shard it
+      receives (`exchanges.nested_shards`); `adaptive=True` is refused.
     reduce_scatter_error_feedback: `transport="reduce_scatter"` only: each
       worker feeds its shard's re-quantization residual into the next
       step's (`CompressionOptions`).
@@ -407,7 +411,8 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
   Raises:
     ImportError: if this TensorFlow lacks an internal the strategy needs.
     TypeError: if `codec` or `reference_codec` is not a codec.
-    ValueError: for a bad argument value, or a malformed `TF_CONFIG`.
+    ValueError: for a bad argument value, or a malformed `TF_CONFIG`;
+      for `transport="reduce_scatter"` with an adaptive nested group.
   """
 
   def __init__(
@@ -439,6 +444,8 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
         reduce_scatter_levels=reduce_scatter_levels,
         reduce_scatter_error_feedback=reduce_scatter_error_feedback,
         group_argument="reference_workers")
+    # Before any cluster: one sender per worker, each receiving one shard.
+    nested_shards.check_across_processes(compression)
     if cluster_timeout is not None and (
         isinstance(cluster_timeout, bool) or
         not isinstance(cluster_timeout, (int, float)) or cluster_timeout <= 0):

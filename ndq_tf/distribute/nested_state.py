@@ -232,7 +232,8 @@ class NestedStateStore(tf.Module):
 
 
 def sender_statistics(codec, wire, values, side_information, decoded,
-                      plan, noise_scale=None, scales=None, seed=None):
+                      plan, noise_scale=None, scales=None, seed=None,
+                      chunk=None):
   """What a nested sender learns by decoding its own wire, with ground truth.
 
   Overload is silent at the receivers, but the sender knows its own gradient
@@ -270,6 +271,11 @@ def sender_statistics(codec, wire, values, side_information, decoded,
       chunk.
     seed: the sender's shape-`[2]` seed of this call (the one given to
       `fusion_codec.encode_flat`); needed, and only used, with a rotation.
+    chunk: a `fusion_plan.Chunk` of whole buckets of the one segment (a
+      reduce-scatter shard): `values`, `side_information`, `decoded` (and
+      `wire`, `scales`) hold only its elements, and everything is counted
+      over its buckets alone (a rotated codec's signs are those of its
+      place in the buffer). None: the whole buffer.
 
   Returns:
     A dict of tensors:
@@ -293,6 +299,8 @@ def sender_statistics(codec, wire, values, side_information, decoded,
     * `bucket_elements`: `float32` `[num_buckets]`, the elements counted
       per bucket (`plan.bucket_counts()`; `d` everywhere when rotated), the
       adaptive gains' goal.
+    With `chunk`, the per-bucket tensors have the chunk's buckets
+    (`noise_scale`, given per bucket of the whole buffer, is sliced).
 
   Raises:
     ValueError: if `codec` is not nested or the plan has no buckets, or
@@ -308,20 +316,33 @@ def sender_statistics(codec, wire, values, side_information, decoded,
         f"`sender_statistics` of a rotated codec needs the sender's `seed` "
         f"(its rotation's signs). Received: seed=None for codec={codec!r}.")
   if scales is None:
-    scales = fusion_codec.wire_scales(codec, wire, plan)
+    scales = fusion_codec.wire_scales(codec, wire, plan, chunk)
   alpha = float(codec.adaptive_alpha)
   kernel = _statistics_kernel(
       alpha, codec.coarse_ratio, codec.num_levels, plan.bucket_size,
       theory.auto_nested_step_ratio(codec.coarse_ratio,
                                     codec.overload_target, alpha),
       rotated)
-  num_buckets = plan.total_size // plan.bucket_size
+  d = plan.bucket_size
+  start, length = (0, plan.total_size) if chunk is None else chunk[:2]
+  first, num_buckets = start // d, length // d
+  real = plan.padding_mask()
+  if chunk is not None:
+    real = real[start:start + length]
+    if noise_scale is not None:
+      noise_scale = noise_scale[first:first + num_buckets]
   if rotated:
-    counts = np.full([num_buckets], plan.bucket_size, np.float32)
-    # One segment, the whole buffer: the seed `fusion_codec.encode_flat` folds.
-    extra = (ndq_ops.fold_seed(seed, 0),)
+    counts = np.full([num_buckets], d, np.float32)
+    # One segment: the seed `fusion_codec.encode_flat` folds, at the
+    # chunk's offset as the codec draws its signs there.
+    extra = ndq_ops.fold_seed(seed, 0)
+    if start:
+      extra = tf.concat([tf.cast(extra, tf.int64),
+                         tf.constant([start], tf.int64)], 0)
+    extra = (extra,)
   else:
-    counts = plan.bucket_counts().astype(np.float32)
+    counts = plan.bucket_counts()[first:first + num_buckets].astype(
+        np.float32)
     extra = ()
   if noise_scale is None:
     noise_scale = tf.fill([num_buckets], float("nan"))
@@ -329,7 +350,7 @@ def sender_statistics(codec, wire, values, side_information, decoded,
   (sigma, overloads, nested_elements, expected, fallback,
    bucket_overloads) = kernel(
        tf.cast(values, tf.float32), side_information, decoded, scales,
-       plan.padding_mask(), counts, tf.cast(noise_scale, tf.float32), *extra)
+       real, counts, tf.cast(noise_scale, tf.float32), *extra)
   return {"noise_scale": sigma, "overloads": overloads,
           "nested_elements": nested_elements,
           "expected_overloads": expected, "fallback_buckets": fallback,

@@ -168,7 +168,10 @@ def auto(codec, num_elements, num_workers, **model):
 
   The all-gather unless another `automatic` exchange that carries the
   codecs costs strictly less (`costs`; a tie, a nested group or a single
-  worker keep the all-gather).
+  worker keep the all-gather). A nested group always gets the all-gather:
+  the integer all-reduce cannot sum its codes, and the reduce-scatter
+  refuses its adaptive mode across processes, which the model does not
+  know of.
 
   Args:
     codec: a codec, or one per worker in sender order.
@@ -178,7 +181,9 @@ def auto(codec, num_elements, num_workers, **model):
       `shared_memory`.
   """
   best = gather.EXCHANGE.name
-  if num_workers < 2:
+  if num_workers < 2 or any(
+      getattr(c, "needs_side_information", False)
+      for c in base.sender_codecs(codec, num_workers)):
     return best
   priced = costs(codec, num_elements, num_workers, **model)
   least = priced[best]

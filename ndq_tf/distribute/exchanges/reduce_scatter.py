@@ -26,8 +26,20 @@ quantization of each bucket of the sum, both unbiased
 per element and worker (`reduce_scatter_bits`), against the integer
 all-reduce's lanes of `⌈log2(P·(L - 1) + 1)⌉` bits, exact.
 
-Codecs: bucketed codecs without side information (`refusal`). The exchange
-is not cut into `chunk_elements` chunks: its shards are its chunks.
+Nested groups (`nested_shards`): receiver `j` decodes the shards `j` in
+sender order, the reference group P1 first, and a nested sender's side
+information is the mean of the shards decoded before it: the all-gather's,
+restricted to the shard. Its statistics and noise state are the
+all-gather's bit for bit when every shard is decoded in its process
+(`ndq_tf.MirroredStrategy`); across processes a nested sender counts them
+over its own worker's shard, and the adaptive mode (which encodes every
+bucket with the sender's own noise) is refused there
+(`nested_shards.check_across_processes`). Stage 2 re-quantizes with the
+reference codec's levels.
+
+Codecs: bucketed codecs (`refusal`), the reference group's first. The
+exchange is not cut into `chunk_elements` chunks: its shards are its
+chunks.
 """
 
 import math
@@ -40,6 +52,7 @@ from ndq_tf.distribute import fusion_plan
 from ndq_tf.distribute import fusion_sum
 from ndq_tf.distribute.exchanges import base
 from ndq_tf.distribute.exchanges import feedback as feedback_lib
+from ndq_tf.distribute.exchanges import nested_shards
 from ndq_tf.distribute.transports import all_gather as all_gather_transport
 from ndq_tf.distribute.transports import all_to_all
 
@@ -58,12 +71,6 @@ __all__ = [
 #: The sender index whose seed stage 2 draws from (no real sender has it;
 #: -1 is the rotation's, `engine.ROTATION_SENDER`).
 STAGE2_SENDER = -2
-
-_NESTED_REFUSAL = (
-    "the reduce-scatter does not take nested codecs yet (their senders' "
-    "noise state needs every bucket of their own decode); use "
-    "transport='all_gather' (or 'auto')")
-
 
 def shard_buckets(num_buckets, num_shards):
   """`[(first bucket, buckets)]` of every shard, in shard order.
@@ -106,18 +113,17 @@ def _stage2(codec, levels=None):
 def stage2_codec(options):
   """The DQSG that re-quantizes the reduced shards, for these options.
 
-  `options.reduce_scatter_levels` levels; by default the codec's own
-  `num_levels` when it is a `DitheredCodec`, and at least
-  `MIN_STAGE2_LEVELS`. A plain
-  `DitheredCodec` with those levels is used as it is.
+  `options.reduce_scatter_levels` levels; by default the first sender's
+  codec's own `num_levels` when it is a `DitheredCodec` (the codec, or the
+  reference codec of a nested group), and at least `MIN_STAGE2_LEVELS`.
+  A plain `DitheredCodec` with those levels is used as it is.
   """
-  return _stage2(options.codec, options.reduce_scatter_levels)
+  return _stage2(options.reference_codec or options.codec,
+                 options.reduce_scatter_levels)
 
 
 def _refusal(codec):
   """Why the reduce-scatter cannot carry `codec` (a sender's), or None."""
-  if getattr(codec, "needs_side_information", False):
-    return _NESTED_REFUSAL
   if getattr(codec, "bucket_size", None) is None:
     return ("the reduce-scatter cuts the buffer into shards of whole "
             "buckets, so `codec` must have a `bucket_size`; use "
@@ -127,6 +133,12 @@ def _refusal(codec):
 
 def _check_codecs(codecs):
   """Raises a ValueError naming the first codec the exchange cannot carry."""
+  if getattr(codecs[0], "needs_side_information", False):
+    raise ValueError(
+        f"transport='reduce_scatter' cannot carry codec={codecs[0]!r} "
+        f"first: nested codecs need side information from a reference "
+        f"group decoded before them; give one codec per worker, the "
+        f"reference group's (without side information) first.")
   for codec in codecs:
     why = _refusal(codec)
     if why:
@@ -224,7 +236,8 @@ class ReduceScatterExchange(base.Exchange):
   automatic = True
 
   def refusal(self, codec, nested):
-    return _NESTED_REFUSAL if nested else _refusal(codec)
+    del nested  # Nested groups too (their reference codec is bucketed).
+    return _refusal(codec)
 
   def bits(self, codecs, num_elements, num_workers):
     """`reduce_scatter_bits` with the default stage-2 codec."""
@@ -240,35 +253,57 @@ class ReduceScatterExchange(base.Exchange):
     receivers (`P` buffers), encodes every reduced shard (one buffer) and
     decodes stage 2 once.
     """
-    codec, n, p = codecs[0], num_elements, num_workers
+    n, p = num_elements, num_workers
     copies = p if shared_memory else 1
-    draws = copies * n if getattr(codec, "needs_encode_seed", False) else 0
-    draws += copies * n if getattr(codec, "decoder_needs_seed", False) else 0
+    draws = copies * n if getattr(codecs[0], "needs_encode_seed", False) else 0
+    # Every sender's shard of `n/P`, at every receiver (a nested group's
+    # codecs differ).
+    draws += copies * round(n * sum(getattr(c, "decoder_needs_seed", False)
+                                    for c in codecs) / p)
     draws += (n if shared_memory else -(-n // p)) + n
     return base.Work(dither_draws=draws, decodes=copies + 1)
 
   def run(self, engine, transport, codecs, plan, senders, step, mean,
           divisor, lossless_values, mark):
-    """Encodes shards, reduces them, re-quantizes and gathers the sums."""
+    """Encodes shards, reduces them, re-quantizes and gathers the sums.
+
+    The local nested senders' statistics and noise state come from their
+    own shards' decodes (`nested_shards.OwnShards`).
+    """
+    options = engine.options
     num_senders = transport.num_senders
     _check_codecs(codecs)
-    second = stage2_codec(engine.options)
+    second = stage2_codec(options)
     parts = shards(plan, num_senders)
     words = [[_words(c, plan, s) for s in parts] for c in codecs]
     words2 = [_words(second, plan, s) for s in parts]
-
     feedback = (engine.feedback.variable_for(plan.signature, plan.total_size)
-                if engine.options.reduce_scatter_error_feedback else None)
+                if options.reduce_scatter_error_feedback else None)
     sums = {}  # Shard -> the re-quantized sum (with feedback: s_t).
-    rows = []
-    for x in senders:
+    nested = [x.index for x in senders
+              if codecs[x.index].needs_side_information]
+    noise = variables = None
+    if nested:
+      if len(senders) < num_senders:  # Other senders in other processes.
+        nested_shards.check_across_processes(options)
+      variables = engine.nested_state.variables_for(
+          plan.signature, len(senders), plan.total_size // plan.bucket_size)
+      if options.adaptive:
+        with tf.device(engine.device):
+          # As the all-gather's: each nested sender's own noise and gain.
+          noise = variables[0].read_value() * variables[1].read_value()
+    own = nested_shards.OwnShards(codecs, plan, parts)
+
+    rows, fused = [], {}
+    for row, x in enumerate(senders):
       with tf.device(x.device), tf.name_scope("ndq_encode"):
-        fused = plan.flatten(x.tensors)
+        fused[x.index] = plan.flatten(x.tensors)
         seed = engine.seed(x.index, step)
+        scale = noise[row] if noise is not None and x.index in nested else None
         rows.append((x.index, x.device, [
-            fusion_codec.encode_flat(codecs[x.index],
-                                     fused[s.start:s.start + s.length], seed,
-                                     plan, chunk=s)
+            fusion_codec.encode_flat(
+                codecs[x.index], fused[x.index][s.start:s.start + s.length],
+                seed, plan, noise_scale=scale, chunk=s)
             if s.length else _nothing() for s in parts]))
     with tf.name_scope("ndq_exchange"):
       receptions = transport.scatter(rows, words, step, fingerprint=mark)
@@ -284,8 +319,15 @@ class ReduceScatterExchange(base.Exchange):
         # Every sender's seed from the step it stamped (checked equal).
         seeds = [engine.seed(i, step if r.steps is None else r.steps[i])
                  for i in range(num_senders)]
-        total = fusion_sum.sum_senders(fusion_codec.decode_senders(
-            codecs, r.wires, seeds, plan, chunk=shard))
+        decoded, side = fusion_codec.decode_senders(
+            codecs, r.wires, seeds, plan, return_side_information=True,
+            chunk=shard)
+        for me in nested:
+          # Its side information of this shard exists only here.
+          own.keep(me, r.local_sender,
+                   fused[me][shard.start:shard.start + shard.length],
+                   r.wires[me], side[me], decoded[me])
+        total = fusion_sum.sum_senders(decoded)
         if feedback is not None:
           total = feedback_lib.add_residual(feedback, shard, total, r.device)
           sums[r.local_sender] = total
@@ -327,6 +369,16 @@ class ReduceScatterExchange(base.Exchange):
         results.append(plan.split(total))
 
     local = [x.index for x in senders]
+    if nested:
+      statistics = {}
+      for me in nested:
+        row = local.index(me)
+        with tf.device(senders[row].device), tf.name_scope("ndq_decode"):
+          mine = own.statistics(me, None if noise is None else noise[row],
+                                seed=engine.seed(me, step))
+        if mine is not None:
+          statistics[me] = mine
+      engine.update_nested_state(variables, senders, statistics, plan)
     payload_words = sum(sum(words[i]) + words2[i] for i in local)
     engine.record(
         transport, plan, senders, lossless_values,
