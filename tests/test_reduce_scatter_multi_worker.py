@@ -14,22 +14,40 @@ time):
   `transport="auto"`, which the time model resolves to the reduce-scatter
   on 8 worker processes on CPUs (`exchanges.auto`);
 * `p4`: the same; `die`: 2 workers, worker 1 exits with code 3 at the
-  start of step 5 and the launcher ends the job on every worker.
+  start of step 5 and the launcher ends the job on every worker;
+  `nested2`: 2 workers, a nested group in the fixed mode (worker 0 sends
+  DQSG, worker 1 NDQSG decoded with worker 0's shard as side
+  information), 5 steps: identical weights, and worker 1 counts its
+  statistics over its own shard (2 of the 4 buckets).
 """
 
+import math
+
+import numpy as np
 import pytest
+import tensorflow as tf
 
 import test_all_reduce_multi_worker as all_reduce_jobs
+from ndq_tf import theory
+from ndq_tf.distribute import fusion
+from ndq_tf.distribute import options as options_lib
 
 TRANSPORT = "reduce_scatter"
 STEPS = all_reduce_jobs.STEPS
 _STEPS = ["--steps", str(STEPS)]
+NESTED_CODEC = "ndqsg:num_levels=3,coarse_ratio=3"
+REFERENCE_CODEC = "dqsg:num_levels=1"
+NESTED_STEPS = 5
 WAVES = (
     {"p8": (8, "auto", _STEPS), "p2": (2, TRANSPORT, _STEPS)},
     {"p4": (4, TRANSPORT, _STEPS),
      "die": (2, TRANSPORT, _STEPS + [
          "--die_at_step", str(all_reduce_jobs.DIE_AT_STEP),
-         "--die_worker", "1"])},
+         "--die_worker", "1"]),
+     # In the second wave's 8 processes, beside `p4`: no extra wall time.
+     "nested2": (2, TRANSPORT, [
+         "--steps", str(NESTED_STEPS), "--codec", NESTED_CODEC,
+         "--reference_codec", REFERENCE_CODEC])},
 )
 JOBS = {name: job for wave in WAVES for name, job in wave.items()}
 # Run in waves by test_all_reduce_multi_worker's `_Jobs`, each launcher
@@ -73,3 +91,42 @@ def test_dying_worker_stops_the_job_on_every_worker(jobs):
   assert f"] {all_reduce_jobs.MARKER} {{" not in output  # Nobody finished.
   died = all_reduce_jobs._died_at(output)  # pylint: disable=protected-access
   assert run.ended - died < all_reduce_jobs.STOP_WITHIN, output[-5000:]
+
+
+def test_nested_group_keeps_workers_bitwise_identical(jobs):
+  """A nested group in the fixed mode across 2 worker processes.
+
+  Worker 1's NDQSG shard is decoded on each receiver with the reference
+  worker's shard as side information; both decode the same re-quantized
+  shards, so the weights agree to the bit. Worker 1 sees the side
+  information of its own shard only, so its statistics count that shard
+  (2 of the kernel's 4 buckets, all nested in the fixed mode).
+  """
+  results = jobs["nested2"].results()
+  assert len(results) == 2
+  options = options_lib.CompressionOptions(
+      NESTED_CODEC, reference_codec=REFERENCE_CODEC, adaptive=False)
+  shapes = all_reduce_jobs._shapes()  # pylint: disable=protected-access
+  sizes = [int(np.prod(s)) for s in shapes]
+  compressed = [tf.zeros(s) for s, k in zip(shapes, sizes)
+                if k >= options.min_elements]
+  n = fusion.FusionPlan.from_tensors(compressed,
+                                     options.codec.bucket_size).total_size
+  lossless = sum(sizes) - n
+  link_bits = (round(theory.exchange_bits(options.sender_codecs(2), n, 2,
+                                          TRANSPORT))
+               + round(32 * lossless * 1.0))  # A float ring: 2(P - 1)/P = 1.
+  for i, r in enumerate(results):
+    assert r["weights"] == results[0]["weights"], f"worker {i}"
+    assert math.isfinite(r["loss"]), r["loss"]
+    stats = r["stats"]
+    assert stats["transport"] == TRANSPORT
+    assert stats["step"] == NESTED_STEPS
+    assert stats["senders"] == 2 and stats["local_senders"] == 1
+    assert stats["compressed_elements"] == n
+    assert stats["link_bits"] == link_bits, (stats, link_bits)
+  assert results[0]["stats"]["nested_elements"] == 0  # The reference worker.
+  nested = results[1]["stats"]
+  assert nested["nested_elements"] == n // 2  # Its own shard's.
+  assert nested["fallback_fraction"] == 0.0
+  assert 0.0 <= nested["overload_rate"] < 0.5

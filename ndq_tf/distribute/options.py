@@ -132,11 +132,12 @@ class CompressionOptions:
       senders agree on shared scales and their codes are summed as
       integers, or float16/float32 values by a float ring; only for the
       codecs whose payloads add up, `Codec.summed_form`), or
-      `"reduce_scatter"` (bucketed codecs without side information: each
+      `"reduce_scatter"` (bucketed codecs, nested groups too: each
       sender's shard `j` goes to receiver `j`, which sums the shards and
       re-quantizes the sum with DQSG for an all-gather; bits and decode
       work flat in the number of senders,
-      `ndq_tf.distribute.exchanges.reduce_scatter`), or `"auto"`
+      `ndq_tf.distribute.exchanges.reduce_scatter`; across processes not
+      in the adaptive nested mode), or `"auto"`
       (default): per exchange, the one a time model of bits and decode
       work says is fastest (`resolve_transport`,
       `ndq_tf.theory.auto_transport`).

@@ -15,6 +15,8 @@ until the launcher stops them.
 
 `--step_offset k`: worker 1 adds `k` to its compression step before
 training, so the workers' steps disagree at the first exchange.
+
+`--reference_codec spec`: a nested group (`--codec` nested, fixed mode).
 """
 
 import argparse
@@ -47,6 +49,9 @@ def _parse():
                  help="Added to worker 1's compression step before fit.")
   p.add_argument("--chunk_elements", type=int, default=None,
                  help="The strategy's chunk_elements (default: its own).")
+  p.add_argument("--reference_codec", default=None,
+                 help="A nested --codec's reference codec (spec); the "
+                 "first half of the workers send it (fixed mode).")
   return p.parse_args()
 
 
@@ -57,10 +62,12 @@ def _train(args, worker):
   import ndq_tf  # pylint: disable=g-import-not-at-top
 
   start = time.time()
-  chunks = ({} if args.chunk_elements is None
-            else {"chunk_elements": args.chunk_elements})
+  extra = ({} if args.chunk_elements is None
+           else {"chunk_elements": args.chunk_elements})
+  if args.reference_codec:
+    extra.update(reference_codec=args.reference_codec, adaptive=False)
   strategy = ndq_tf.MultiWorkerMirroredStrategy(
-      codec=args.codec, transport=args.transport, seed=5, **chunks,
+      codec=args.codec, transport=args.transport, seed=5, **extra,
       communication_options=tf.distribute.experimental.CommunicationOptions(
           timeout_seconds=120))
   num_workers = strategy.num_replicas_in_sync

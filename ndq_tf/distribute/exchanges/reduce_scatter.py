@@ -15,8 +15,9 @@ buffer of `B` whole buckets (`shard_buckets`: shard `j` holds buckets
   `n` dither draws per receiver whatever `P` is.
 * Stage 2. Receiver `j` re-quantizes its reduced shard with DQSG
   (`stage2_codec`: `reduce_scatter_levels` levels, by default the codec's
-  own for a `DitheredCodec` and at least `MIN_STAGE2_LEVELS`) and a seed derived from (base seed, step,
-  `STAGE2_SENDER`) at the shard's place in the buffer; an all-gather hands
+  own for a `DitheredCodec` and at least `MIN_STAGE2_LEVELS`) and a seed
+  derived from (base seed, step, `STAGE2_SENDER`) at the shard's place in
+  the buffer; an all-gather hands
   every receiver every reduced shard and each decodes all of them with the
   same ops, so every receiver ends with bitwise the same sum.
 
