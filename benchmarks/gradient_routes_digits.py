@@ -41,6 +41,9 @@ flags.DEFINE_string("transport", "auto", "ndq_tf transport.")
 flags.DEFINE_integer("reduce_scatter_levels", None,
                      "Stage-2 levels of transport=reduce_scatter (default: "
                      "the codec's).")
+flags.DEFINE_bool("reduce_scatter_error_feedback", False,
+                  "Stage 2 of transport=reduce_scatter feeds its residual "
+                  "back.")
 flags.DEFINE_float("low_level_lr", 0.5, "SGD learning rate of low_level.")
 flags.DEFINE_bool("json", False, "Print the rows as JSON lines (used by the "
                   "script itself for the legacy route).")
@@ -59,10 +62,13 @@ def _common():
 
 
 def _levels():
-  """The `reduce_scatter_levels` keyword, if the flag is set."""
-  if FLAGS.reduce_scatter_levels is None:
-    return {}
-  return {"reduce_scatter_levels": FLAGS.reduce_scatter_levels}
+  """The reduce-scatter's keywords whose flags are set."""
+  out = {}
+  if FLAGS.reduce_scatter_levels is not None:
+    out["reduce_scatter_levels"] = FLAGS.reduce_scatter_levels
+  if FLAGS.reduce_scatter_error_feedback:
+    out["reduce_scatter_error_feedback"] = True
+  return out
 
 
 def _strategies():
