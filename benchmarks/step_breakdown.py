@@ -39,7 +39,9 @@ span per phase.
 
 `--strategy=multi_worker` starts `--num_workers` one-CPU workers through
 `ndq_tf.launch` (the script again, in each); worker 0 traces and draws, the
-others run the same steps.
+others run the same steps. With `--rate` (root only) they run in network
+namespaces, each link shaped to that rate as benchmarks/multi_worker_link.py
+does (`netns.Network`).
 
 Example:
 
@@ -79,6 +81,10 @@ _STRATEGY = flags.DEFINE_enum(
     "started by ndq_tf.launch; worker 0 traces and draws.")
 _NUM_WORKERS = flags.DEFINE_integer(
     "num_workers", 2, "--strategy=multi_worker: worker processes.")
+_RATE = flags.DEFINE_string(
+    "rate", None, "--strategy=multi_worker: a tc rate (e.g. 100mbit): the "
+    "workers run in network namespaces on a bridge, every link shaped with "
+    "tbf (benchmarks/netns.py; needs root). Default: the loopback.")
 _TIMEOUT = flags.DEFINE_float(
     "timeout", 600, "--strategy=multi_worker: seconds before the launcher "
     "stops the job.")
@@ -548,12 +554,28 @@ def launch_workers():
   root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
   # The workers run from the repository's root: the output path is made
   # absolute here, where a relative one was meant.
-  command = [sys.executable, "-m", "ndq_tf.launch", "--num_workers",
-             str(_NUM_WORKERS.value), "--timeout", str(_TIMEOUT.value), "--",
-             sys.executable, os.path.abspath(__file__)] + [
-                 a for a in sys.argv[1:] if not a.startswith("--out")]
-  command.append(f"--out={os.path.abspath(_OUT.value)}")
-  return subprocess.call(command, cwd=root)
+  worker = [sys.executable, os.path.abspath(__file__)] + [
+      a for a in sys.argv[1:] if not a.startswith("--out")]
+  worker.append(f"--out={os.path.abspath(_OUT.value)}")
+  launch = [sys.executable, "-m", "ndq_tf.launch", "--timeout",
+            str(_TIMEOUT.value)]
+  if _RATE.value is None:
+    return subprocess.call(
+        launch + ["--num_workers", str(_NUM_WORKERS.value), "--"] + worker,
+        cwd=root)
+  import shlex  # pylint: disable=g-import-not-at-top
+  import netns  # pylint: disable=g-import-not-at-top
+  net = netns.Network(os.getpid() % 10000, _NUM_WORKERS.value)
+  try:
+    net.create()
+    net.shape(_RATE.value)
+    return subprocess.call(
+        launch + ["--hosts", ",".join(net.addresses), "--port", "23456",
+                  "--worker_prefix",
+                  shlex.join(["ip", "netns", "exec", net.ns_pattern]), "--"]
+        + worker, cwd=root)
+  finally:
+    net.remove()
 
 
 def analyze(space, placement, scopes):

@@ -18,7 +18,10 @@ time):
   `nested2`: 2 workers, a nested group in the fixed mode (worker 0 sends
   DQSG, worker 1 NDQSG decoded with worker 0's shard as side
   information), 5 steps: identical weights, and worker 1 counts its
-  statistics over its own shard (2 of the 4 buckets).
+  statistics over its own shard (2 of the 4 buckets); `feedback2`: `p2`
+  with `reduce_scatter_error_feedback=True`: identical weights, the same
+  bits on the link, and weights other than `p2`'s (the residual is fed
+  back).
 """
 
 import math
@@ -47,7 +50,9 @@ WAVES = (
      # In the second wave's 8 processes, beside `p4`: no extra wall time.
      "nested2": (2, TRANSPORT, [
          "--steps", str(NESTED_STEPS), "--codec", NESTED_CODEC,
-         "--reference_codec", REFERENCE_CODEC])},
+         "--reference_codec", REFERENCE_CODEC]),
+     # The tenth process of the wave.
+     "feedback2": (2, TRANSPORT, _STEPS + ["--error_feedback"])},
 )
 JOBS = {name: job for wave in WAVES for name, job in wave.items()}
 # Run in waves by test_all_reduce_multi_worker's `_Jobs`, each launcher
@@ -130,3 +135,18 @@ def test_nested_group_keeps_workers_bitwise_identical(jobs):
   assert nested["nested_elements"] == n // 2  # Its own shard's.
   assert nested["fallback_fraction"] == 0.0
   assert 0.0 <= nested["overload_rate"] < 0.5
+
+
+def test_error_feedback_keeps_workers_bitwise_identical(jobs):
+  """Stage 2's residual across 2 worker processes.
+
+  Each worker keeps the residual of the shard it reduces; every worker
+  decodes the same re-quantized shards, so the weights agree to the bit,
+  and they differ from the same job without feedback.
+  """
+  results = jobs["feedback2"].results()
+  all_reduce_jobs._check_training(  # pylint: disable=protected-access
+      results, 2, TRANSPORT, STEPS)
+  plain = jobs["p2"].results()
+  assert results[0]["weights"] != plain[0]["weights"]
+  assert results[0]["stats"]["link_bits"] == plain[0]["stats"]["link_bits"]

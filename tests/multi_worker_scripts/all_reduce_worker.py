@@ -17,6 +17,7 @@ until the launcher stops them.
 training, so the workers' steps disagree at the first exchange.
 
 `--reference_codec spec`: a nested group (`--codec` nested, fixed mode).
+`--error_feedback`: `reduce_scatter_error_feedback=True`.
 """
 
 import argparse
@@ -49,6 +50,8 @@ def _parse():
                  help="Added to worker 1's compression step before fit.")
   p.add_argument("--chunk_elements", type=int, default=None,
                  help="The strategy's chunk_elements (default: its own).")
+  p.add_argument("--error_feedback", action="store_true",
+                 help="reduce_scatter_error_feedback=True.")
   p.add_argument("--reference_codec", default=None,
                  help="A nested --codec's reference codec (spec); the "
                  "first half of the workers send it (fixed mode).")
@@ -66,6 +69,8 @@ def _train(args, worker):
            else {"chunk_elements": args.chunk_elements})
   if args.reference_codec:
     extra.update(reference_codec=args.reference_codec, adaptive=False)
+  if args.error_feedback:
+    extra["reduce_scatter_error_feedback"] = True
   strategy = ndq_tf.MultiWorkerMirroredStrategy(
       codec=args.codec, transport=args.transport, seed=5, **extra,
       communication_options=tf.distribute.experimental.CommunicationOptions(

@@ -93,10 +93,11 @@ def shard_buckets(num_buckets, num_shards):
 #: The fewest levels of the default stage-2 DQSG. The reduced shard is a
 #: sum of `P` gradients, with a wider range than one: with one level
 #: (ternary) its re-quantization errs 4-9 times the all-gather's (vNMSE of
-#: the sum) and the digits CNN of docs/algorithms.md ends 0.59 points below
-#: the all-gather; with two, 0.07 points below, for 0.6-0.9 more bits per
-#: element and worker (4.27 at P = 1024, against the integer all-reduce's
-#: 25.7). `reduce_scatter_levels=1` keeps ternary codes (3.40 bits).
+#: the sum) and the digits MLP of docs/algorithms.md ends 0.6-0.7 points
+#: below the all-gather; with two, 0.1-0.2 points below, for 0.6-0.9 more
+#: bits per element and worker (4.27 at P = 1024, against the integer
+#: all-reduce's 25.7). `reduce_scatter_levels=1` keeps ternary codes
+#: (3.40 bits).
 MIN_STAGE2_LEVELS = 2
 
 
