@@ -17,9 +17,9 @@ buffer of `B` whole buckets (`shard_buckets`: shard `j` holds buckets
   (`stage2_codec`: `reduce_scatter_levels` levels, by default the codec's
   own for a `DitheredCodec` and at least `MIN_STAGE2_LEVELS`) and a seed
   derived from (base seed, step, `STAGE2_SENDER`) at the shard's place in
-  the buffer; an all-gather hands
-  every receiver every reduced shard and each decodes all of them with the
-  same ops, so every receiver ends with bitwise the same sum.
+  the buffer; an all-gather hands every receiver every reduced shard and
+  each decodes all of them with the same ops, so every receiver ends with
+  bitwise the same sum.
 
 Error: the senders' independent stage-1 errors plus one dithered
 quantization of each bucket of the sum, both unbiased
@@ -72,6 +72,7 @@ __all__ = [
 #: The sender index whose seed stage 2 draws from (no real sender has it;
 #: -1 is the rotation's, `engine.ROTATION_SENDER`).
 STAGE2_SENDER = -2
+
 
 def shard_buckets(num_buckets, num_shards):
   """`[(first bucket, buckets)]` of every shard, in shard order.
