@@ -554,8 +554,14 @@ def launch_workers():
   root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
   # The workers run from the repository's root: the output path is made
   # absolute here, where a relative one was meant.
-  worker = [sys.executable, os.path.abspath(__file__)] + [
-      a for a in sys.argv[1:] if not a.startswith("--out")]
+  args = []
+  skip = False
+  for a in sys.argv[1:]:
+    if skip or a.startswith("--out"):
+      skip = a == "--out"  # Its value is the next argument.
+      continue
+    args.append(a)
+  worker = [sys.executable, os.path.abspath(__file__)] + args
   worker.append(f"--out={os.path.abspath(_OUT.value)}")
   launch = [sys.executable, "-m", "ndq_tf.launch", "--timeout",
             str(_TIMEOUT.value)]
