@@ -62,7 +62,9 @@ What is measured, per (P, rate, method):
 * **Breakdown**: frame headers (`tx_packets` x 66 B), TCP retransmissions
   (`RetransSegs` of the worker's namespace), what remains above the model
   (gRPC framing, RPC requests, control traffic), the CPU seconds of every
-  worker per step (all its threads: `time.process_time`) and their sum
+  worker per step (all its threads: `time.process_time`; the progress line
+  splits them by thread name into TF's op threads, gRPC's, the collective
+  executor's and the rest, `THREAD_GROUPS`) and their sum
   divided by the machine's cores (the step time the CPU alone would need
   if the workers never waited on each other), and the link's floor (the
   busiest worker's bytes at the link's rate).
@@ -137,9 +139,42 @@ _RESULT = re.compile(r"^\[worker (\d+)\] RESULT (.*)$")
 # -- Worker -------------------------------------------------------------------
 
 
+#: Thread-name prefixes of this process's CPU split (`_thread_cpu`):
+#: TensorFlow's op threads, gRPC's (the collectives' transfers), the
+#: collective executor's; everything else (Python, Keras) is "other".
+THREAD_GROUPS = (("compute", ("tf_Compute", "tf_XLAEigen", "tf_graph")),
+                 ("grpc", ("event_engine", "grpc")),
+                 ("collectives", ("collective",)))
+
+
+def _thread_cpu():
+  """CPU seconds of this process's live threads per `THREAD_GROUPS` group.
+
+  From `/proc/self/task/*/stat` (user + system ticks); a thread that ends
+  between two reads loses its ticks, so the groups may sum to a little less
+  than `time.process_time()`.
+  """
+  tick = os.sysconf("SC_CLK_TCK")
+  out = {f"cpu_{name}_s": 0.0 for name, _ in THREAD_GROUPS}
+  out["cpu_other_s"] = 0.0
+  for tid in os.listdir("/proc/self/task"):
+    try:
+      with open(f"/proc/self/task/{tid}/stat") as f:
+        stat = f.read()
+    except OSError:  # The thread ended.
+      continue
+    name = stat[stat.index("(") + 1:stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2:].split()
+    seconds = (int(fields[11]) + int(fields[12])) / tick
+    group = next((g for g, prefixes in THREAD_GROUPS
+                  if name.startswith(prefixes)), "other")
+    out[f"cpu_{group}_s"] += seconds
+  return out
+
+
 def _link_counters(interface):
   """This namespace's counters: its veth end's and TCP's (`/proc/net/snmp`)."""
-  counters = {"cpu_s": time.process_time()}
+  counters = {"cpu_s": time.process_time(), **_thread_cpu()}
   if not interface:
     return counters
   for name in ("tx_bytes", "tx_packets", "rx_bytes", "rx_packets"):
@@ -427,6 +462,11 @@ def _summarize(results, rate):
       "model_bytes": first["model_bytes"],
       "cpu_s_per_worker": [p["cpu_s"] for p in per_step],
       "cpu_s_sum": sum(p["cpu_s"] for p in per_step),
+      # Per thread group (`THREAD_GROUPS`), the mean over the workers.
+      "cpu_split_s": {
+          group: statistics.mean(p.get(f"cpu_{group}_s", 0.0)
+                                 for p in per_step)
+          for group in [g for g, _ in THREAD_GROUPS] + ["other"]},
       "max_rss_mb": max(r["max_rss_mb"] for r in results),
   }
   row["cpu_floor_s"] = row["cpu_s_sum"] / os.cpu_count()
@@ -615,7 +655,10 @@ def run_driver(args):
                      f"(model {row['model_bytes'] / 1e6:7.3f} MB, "
                      f"x{row['measured_over_model']:.3f}), ")
                   + f"CPU {statistics.mean(row['cpu_s_per_worker']):.3f} "
-                  f"s/worker, load {os.getloadavg()[0]:.1f}", flush=True)
+                  f"s/worker ("
+                  + ", ".join(f"{g} {1000 * v:.0f}"
+                              for g, v in row["cpu_split_s"].items())
+                  + f" ms), load {os.getloadavg()[0]:.1f}", flush=True)
             agree = row.get("telemetry_over_model")
             if agree is not None and abs(agree - 1) > 1e-3:
               print(f"  NOTE: compression_stats()['link_bits'] / 8 = "
