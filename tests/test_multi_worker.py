@@ -218,15 +218,16 @@ def _ancestors(op):
   return seen
 
 
-def test_chunks_alternate_two_ordering_chains_on_a_cpu(monkeypatch):
-  """Chunk k's all-gather is on chain k % 2; the bits are one chain's.
+def test_chunks_take_the_ordering_chains_in_turn_on_a_cpu(monkeypatch):
+  """Chunk k's all-gather is on chain k % 3; the bits are one chain's.
 
   With one ordering token, chunk k + 1's collective waits for chunk k's
   (auto control dependencies chain the users of one resource), and on one
   inter-op thread behind chunk k's decode (issue #20).
   """
   ops, reduce, graph = _one_worker_exchange(512, group_key_start=7100)
-  assert ops.ordering_chains == multi_worker.EXCHANGES_IN_FLIGHT == 2
+  chains = multi_worker.EXCHANGES_IN_FLIGHT
+  assert ops.ordering_chains == chains == 3
   gathers = {}
   for op in graph.get_operations():
     if op.type == "CollectiveGatherV2":
@@ -234,14 +235,15 @@ def test_chunks_alternate_two_ordering_chains_on_a_cpu(monkeypatch):
   assert sorted(gathers) == list(range(6))
   # Inputs: value, group size, group key, instance key, ordering token.
   tokens = [gathers[k].inputs[4] for k in range(6)]
-  assert tokens[0] is not tokens[1]
+  assert len({id(t) for t in tokens[:chains]}) == chains
   for k in range(6):
-    assert tokens[k] is tokens[k % 2]
-  for k in range(5):
-    assert gathers[k] not in _ancestors(gathers[k + 1])
-  for k in range(4):
-    assert gathers[k] in _ancestors(gathers[k + 2])
-  two_chains = reduce()[0].numpy()
+    assert tokens[k] is tokens[k % chains]
+  for k in range(6):
+    for later in range(k + 1, min(k + chains, 6)):
+      assert gathers[k] not in _ancestors(gathers[later])
+  for k in range(6 - chains):
+    assert gathers[k] in _ancestors(gathers[k + chains])
+  several_chains = reduce()[0].numpy()
 
   monkeypatch.setattr(multi_worker, "EXCHANGES_IN_FLIGHT", 1)
   ops, reduce, graph = _one_worker_exchange(512, group_key_start=7200)
@@ -250,14 +252,14 @@ def test_chunks_alternate_two_ordering_chains_on_a_cpu(monkeypatch):
              if op.type == "CollectiveGatherV2"]
   assert len({id(op.inputs[4]) for op in gathers}) == 1
   one_chain = reduce()[0].numpy()
-  np.testing.assert_array_equal(two_chains.view(np.uint32),
+  np.testing.assert_array_equal(several_chains.view(np.uint32),
                                 one_chain.view(np.uint32))
 
 
 def test_one_ordering_chain_off_a_cpu():
   """NCCL needs every worker to launch collectives in one order."""
   assert multi_worker.ordering_chains(
-      "/job:worker/replica:0/task:0/device:CPU:0") == 2
+      "/job:worker/replica:0/task:0/device:CPU:0") == 3
   assert multi_worker.ordering_chains(
       "/job:worker/replica:0/task:0/device:GPU:0") == 1
 
@@ -289,7 +291,7 @@ def test_fit_two_workers_bitwise_identical_and_wire_bits(tmp_path):
 @pytest.mark.parametrize("eager, steps", [(False, 10), (True, 4)],
                          ids=["tf_function", "eager"])
 def test_custom_training_loop_two_workers(tmp_path, eager, steps):
-  """The `tf.function` job exchanges in 4 chunks on two ordering chains."""
+  """The `tf.function` job exchanges in 4 chunks on three ordering chains."""
   out = str(tmp_path / "out")
   chunks = [] if eager else ["--chunk_elements", "512"]
   code, output = _run_job("--mode", "ctl", "--steps", str(steps),

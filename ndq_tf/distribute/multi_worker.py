@@ -61,10 +61,12 @@ _GROUP_KEYS_PER_STRATEGY = 1000
 _STRATEGIES = itertools.count()
 #: Chains of collectives the compressed exchange keeps on a CPU exchange
 #: device (`ordering_chains`): the collectives of one exchange take them in
-#: turn, so the all-gather of chunk `k + 1` (chain `(k + 1) % 2`) need not
-#: wait for chunk `k`'s (chain `k % 2`), and is on the link while chunk `k`
-#: is decoded (issue #20).
-EXCHANGES_IN_FLIGHT = 2
+#: turn, so the all-gather of chunk `k + 1` (chain `(k + 1) % 3`) need not
+#: wait for chunk `k`'s (chain `k % 3`), and is on the link while chunk `k`
+#: is decoded (issue #20). Three, not two: on the 8-layer model of
+#: docs/benchmarks.md the median share of link time during the backward
+#: pass was 59% in 5 launches against 40% with two in 7.
+EXCHANGES_IN_FLIGHT = 3
 
 
 def ordering_chains(device):
@@ -216,7 +218,7 @@ class MultiWorkerCompressedAllReduce(cross_device_ops.DeprecatedTelemetry,
 
     The exchange's collectives take the ordering chains in turn, in
     program order (`ordering_chains`): under the all-gather chunk `k`'s
-    collective is on chain `k % 2` of two on a CPU. The same ops, instance
+    collective is on chain `k % 3` of three on a CPU. The same ops, instance
     keys and bits whatever the chains.
     """
     device = self._exchange_device
