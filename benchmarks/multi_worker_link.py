@@ -504,8 +504,8 @@ _MEAN_KEYS = ("tx_bytes", "rx_bytes", "header_bytes", "retrans_segs",
 def _merge(runs):
   """One row from the repeats of one method: the median of their step times.
 
-  Bytes, CPU and floors are their means over the repeats; every repeat's
-  step time is kept (`step_s_runs`).
+  Bytes, CPU (and its split by thread) and floors are their means over the
+  repeats; every repeat's step time is kept (`step_s_runs`).
   """
   good = [r for r in runs if not r.get("error")]
   if not good:
@@ -519,6 +519,9 @@ def _merge(runs):
       row[key] = statistics.mean(r[key] for r in good)
   row["cpu_s_per_worker"] = [
       statistics.mean(c) for c in zip(*(r["cpu_s_per_worker"] for r in good))]
+  row["cpu_split_s"] = {
+      group: statistics.mean(r["cpu_split_s"][group] for r in good)
+      for group in row["cpu_split_s"]}
   return row
 
 
