@@ -136,18 +136,23 @@ def join(parts):
   return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
 
 
-def split_results(plan, chunks, totals, devices):
+def split_results(plan, chunks, totals, devices, checks=None):
   """Every receiver's list of summed tensors from its chunks' sums.
 
   `totals` maps a receiver to its sum per chunk; receivers without sums of
   their own (on a transport with `shared_memory`) get the first one's
-  tensors, handed over on their devices.
+  tensors, handed over on their devices. `checks` maps a receiver to ops
+  that must run before its tensors are used (its transport's checks).
   """
   results = []
   for r in sorted(devices):
     with tf.device(devices[r]), tf.name_scope("ndq_sum"):
       if r in totals:
-        results.append(plan.split_chunks(chunks, totals[r]))
+        tensors = plan.split_chunks(chunks, totals[r])
+        if checks and checks.get(r):
+          with tf.control_dependencies(checks[r]):
+            tensors = [tf.identity(t) for t in tensors]
+        results.append(tensors)
       else:
         results.append([tf.identity(t) for t in results[0]])
   return results

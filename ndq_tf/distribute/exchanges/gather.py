@@ -86,6 +86,11 @@ class GatherExchange(base.Exchange):
 
     local = [x.index for x in senders]
     totals = collections.defaultdict(list)  # Receiver -> one sum per chunk.
+    # Receiver -> its transport's checks (headers, stamps). A chunk decodes
+    # as soon as its payloads arrive, not behind the previous chunk's checks
+    # (TF runs asserts in program order); the results, and a nested sender's
+    # statistics, wait for every check.
+    checks = collections.defaultdict(list)
     devices = {}
     # The local nested senders' own chunks, for their statistics.
     own = collections.defaultdict(lambda: collections.defaultdict(list))
@@ -126,8 +131,9 @@ class GatherExchange(base.Exchange):
           for r, reception in enumerate(receptions):
             devices[r] = reception.device
           first = receptions[0]
+          checks[0].extend(first.checks)
           with tf.device(first.device), tf.name_scope("ndq_decode"), \
-              tf.control_dependencies(first.checks):
+              tf.control_dependencies(first.checks if nested else []):
             seeds = [engine.seed(i, step) for i in range(num_senders)]
             decoded, side = fusion_codec.decode_senders(
                 codecs, first.wires, seeds, plan,
@@ -143,15 +149,17 @@ class GatherExchange(base.Exchange):
           continue
         for r, reception in enumerate(receptions):
           devices[r] = reception.device
+          checks[r].extend(reception.checks)
+          me = reception.local_sender
           with tf.device(reception.device), tf.name_scope("ndq_decode"), \
-              tf.control_dependencies(reception.checks):
+              tf.control_dependencies(reception.checks if me in nested
+                                      else []):
             # A receiver derives every sender's seed from the step that
             # sender used (the transport reports it), never from its own
             # counter alone.
             steps = reception.steps
             seeds = [engine.seed(i, step if steps is None else steps[i])
                      for i in range(num_senders)]
-            me = reception.local_sender
             if me in nested:
               decoded, side = fusion_codec.decode_senders(
                   codecs, reception.wires, seeds, plan,
@@ -168,7 +176,7 @@ class GatherExchange(base.Exchange):
             totals[r].append(fusion_sum.sum_senders(decoded, mean=mean,
                                                     divisor=divisor))
 
-    results = base.split_results(plan, chunks, totals, devices)
+    results = base.split_results(plan, chunks, totals, devices, checks)
     if nested:
       statistics = {}
       for me, mine in own.items():

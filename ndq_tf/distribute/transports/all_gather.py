@@ -81,9 +81,10 @@ class AllGatherTransport(base.Transport):
       # Sender order, whatever order the collective delivered.
       rows = tf.gather(rows, tf.argsort(rows[:, 1], stable=True))
       checks = self._check_headers(rows, words)
-      with tf.control_dependencies(checks):
-        wires = [rows[k, HEADER_WORDS:HEADER_WORDS + words[k]]
-                 for k in range(self._num_workers)]
+      # Not gated here: the exchange makes what it decodes wait for the
+      # checks (`Reception`).
+      wires = [rows[k, HEADER_WORDS:HEADER_WORDS + words[k]]
+               for k in range(self._num_workers)]
       return [base.Reception(device=self._device, wires=wires,
                              steps=rows[:, 2], local_sender=sender,
                              checks=checks)]

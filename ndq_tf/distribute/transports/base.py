@@ -18,8 +18,10 @@ __all__ = [
 #: payload in sender order (`wires`), the step each sender stamped on its
 #: payload (`steps`, a list or an `int32` tensor; None when every sender
 #: shares this process's counter), the index of the sender on the same
-#: device (`local_sender`, None if none) and ops that must run before the
-#: payloads are decoded (`checks`).
+#: device (`local_sender`, None if none) and ops that must run before
+#: anything decoded from the payloads is used (`checks`; the exchange adds
+#: the dependency, so a chunk can decode before an earlier chunk's checks,
+#: which TF runs in program order, have run).
 Reception = collections.namedtuple(
     "Reception", ["device", "wires", "steps", "local_sender", "checks"])
 
