@@ -67,7 +67,7 @@ def test_the_host_cpu_devices_share_memory_and_gpus_do_not():
 
 @pytest.mark.parametrize("transport, spec, chunk_elements", [
     ("all_gather", "dqsg:num_levels=1", None),
-    ("all_gather", "dqsg:num_levels=1", 1024),
+    ("all_gather", "dqsg:num_levels=1", 2048),
     ("all_gather", "terngrad", None),
     ("all_reduce", "dqsg:num_levels=3", None),
     ("all_reduce", "dqsg:num_levels=3", 1024),
