@@ -77,10 +77,10 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
   compressible tensors into one buffer and encodes it on its own device;
   only the packed `int32` payloads are copied to the other devices; every
   replica decodes every payload in replica order and sums them with one
-  `reduce_sum`, so every replica gets bitwise the same result and mirrored
-  variables stay identical. The rules of what is compressed, the seeds, the
-  decode order and the nested groups are the exchange engine's
-  (`ndq_tf.distribute.engine`), shared with
+  compiled fold in that order, so every replica gets bitwise the same
+  result and mirrored variables stay identical. The rules of what is
+  compressed, the seeds, the decode order and the nested groups are the
+  exchange engine's (`ndq_tf.distribute.engine`), shared with
   `ndq_tf.MultiWorkerMirroredStrategy`; the equations are in
   docs/algorithms.md.
 
