@@ -171,7 +171,7 @@ def _rows(route, data, seeds):
       if name == "ndq":
         stats = strategy.compression_stats()
         row["compressed_elements"] = stats["compressed_elements"]
-        row["bits"] = stats["wire_bits_per_element"]
+        row["bits"] = stats["sent_bits_per_element"]
         row["transport"] = stats["transport"]
         row["unrecognised"] = stats["unrecognised_gradient_steps"]
     yield row

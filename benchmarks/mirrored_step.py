@@ -6,7 +6,7 @@ float32 all-reduce (its default for CPUs, a collective ring, and
 `ReductionToOneDevice`, the fallback of `CompressedAllReduce`), then through
 `ndq_tf.MirroredStrategy` with each codec, and prints the median step time,
 its ratio to float32, the wire bits per gradient element
-(`wire_bits_per_element` of `strategy.compression_stats()`) and the
+(`sent_bits_per_element` of `strategy.compression_stats()`) and the
 compressed exchanges counted (`step`). The optimizer's gradient all-reduce
 is compressed by default, one exchange per step (warm-up included); the
 script stops if a configuration did not compress every step.
@@ -169,12 +169,12 @@ def main(argv):
     # compressed by default: one compressed exchange per step, or this row
     # would have timed a lossless all-reduce.
     stats = strategy.compression_stats()
-    if stats["step"] != total_steps:
+    if stats["exchange_count"] != total_steps:
       raise RuntimeError(
-          f"{name}: {stats['step']} compressed exchanges in {total_steps} "
+          f"{name}: {stats['exchange_count']} compressed exchanges in {total_steps} "
           "steps; the gradient all-reduce was not compressed every step.")
     rows.append((f"{name} [{stats['transport']}]", seconds,
-                 stats["wire_bits_per_element"], stats["step"]))
+                 stats["sent_bits_per_element"], stats["exchange_count"]))
   reference = rows[0][1]
   print(f"\nMLP {widths} ({params} parameters), {len(devices)} logical CPU "
         f"replicas, global batch {_BATCH_SIZE.value}, median of "

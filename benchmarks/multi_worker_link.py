@@ -277,8 +277,8 @@ def _model_bits(strategy, method, params, num_workers):
                 "sent_bits": int(stats["sent_bits"]),
                 "payload_bits": int(stats["payload_bits"]),
                 # The strategy's own count by the same model, if it has one.
-                "link_bits": int(stats.get("link_bits", -1)),
-                "compressed_exchanges": int(stats["step"]),
+                "link_bits": int(stats.get("model_link_bits", -1)),
+                "compressed_exchanges": int(stats["exchange_count"]),
                 "uncompressed_gradient_reductions":
                     int(stats["uncompressed_gradient_reductions"]),
                 "lossless_fallbacks": int(stats["lossless_fallbacks"])}
@@ -664,7 +664,7 @@ def run_driver(args):
                   + f" ms), load {os.getloadavg()[0]:.1f}", flush=True)
             agree = row.get("telemetry_over_model")
             if agree is not None and abs(agree - 1) > 1e-3:
-              print(f"  NOTE: compression_stats()['link_bits'] / 8 = "
+              print(f"  NOTE: compression_stats()['model_link_bits'] / 8 = "
                     f"{row['link_bits'] / 8:,.0f} B, {agree:.4f}x the "
                     f"model's {row['model_bytes']:,.0f} B", flush=True)
         rows = {m: _merge(runs[m]) for m in args.methods if m in runs}

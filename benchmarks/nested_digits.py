@@ -18,7 +18,7 @@ test accuracy, wire bits and the nested senders' overload telemetry to
   adaptive_rot      adaptive, the nested codec with rotation="hadamard"
 
 The seed is Keras' (weights, batch order) and the dither's, so the runs of
-one seed differ only by their codecs. The bits are `wire_bits_per_element`
+one seed differ only by their codecs. The bits are `sent_bits_per_element`
 of `strategy.compression_stats()` after the last step; the overload columns
 are means over the training steps of its `overload_rate` (counted by the
 nested senders from their own gradients; over the steps that sent some
@@ -104,9 +104,9 @@ def _fit(run, seed, data, devices):
 
     def on_train_batch_end(self, batch, logs=None):
       stats = strategy.compression_stats()
-      if stats["step"] != len(steps) + 1:
+      if stats["exchange_count"] != len(steps) + 1:
         raise RuntimeError(
-            f"{run} seed {seed}: {stats['step']} compressed exchanges after "
+            f"{run} seed {seed}: {stats['exchange_count']} compressed exchanges after "
             f"{len(steps) + 1} steps: the gradient aggregation was not "
             "compressed every step.")
       steps.append(stats)
@@ -117,7 +117,7 @@ def _fit(run, seed, data, devices):
   _, x_test, _, y_test = data
   _, accuracy = model.evaluate(x_test, y_test, verbose=0)
   result = {"accuracy": float(accuracy),
-            "bits": steps[-1]["wire_bits_per_element"],
+            "bits": steps[-1]["sent_bits_per_element"],
             "seconds": time.time() - start}
   if "overload_rate" in steps[0]:
     def mean(key):

@@ -258,9 +258,9 @@ def _make_recorder(keras, model, strategy, x_eval, y_eval, x_test, y_test,
       # ndq_tf.distribute.telemetry): bits sent by all replicas (payloads
       # and the small tensors sent losslessly, once per replica).
       s = strategy.compression_stats()
-      if s["step"] != self.step:
+      if s["exchange_count"] != self.step:
         raise RuntimeError(
-            f"{s['step']} compressed exchanges after {self.step} steps: the "
+            f"{s['exchange_count']} compressed exchanges after {self.step} steps: the "
             "gradient aggregation was not compressed every step.")
       element_sends = ((s["compressed_elements"] + s["lossless_elements"])
                        * s["local_senders"])

@@ -629,7 +629,7 @@ def main(argv):
     stats = strategy.compression_stats()
     # What transport="auto" picked, and what one sender puts on the wire.
     description += (f" ({stats['transport']}, "
-                    f"{stats['wire_bits_per_element']:.2f} bits/element)")
+                    f"{stats['sent_bits_per_element']:.2f} bits/element)")
   table = phase_table(ops)
   overlap = exchange_overlap(ops)
   chunks = sorted({o.chunk for o in ops if o.chunk is not None})

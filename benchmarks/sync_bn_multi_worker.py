@@ -35,4 +35,4 @@ ds = tf.data.Dataset.from_tensor_slices((xtr, ytr)).batch(128).with_options(opts
 model.fit(ds, epochs=8, verbose=0)
 logits = model.predict(xte, verbose=0)
 acc = float(np.mean(np.argmax(logits, 1) == yte))
-print("RESULT", json.dumps({"codec": codec, "worker": task, "accuracy": acc, "bits": strategy.compression_stats()["wire_bits_per_element"], "step": strategy.compression_stats()["step"]}), flush=True)
+print("RESULT", json.dumps({"codec": codec, "worker": task, "accuracy": acc, "bits": strategy.compression_stats()["sent_bits_per_element"], "step": strategy.compression_stats()["exchange_count"]}), flush=True)

@@ -162,7 +162,7 @@ def test_several_devices_per_worker_sum_locally_and_encode_once():
   bound = np.repeat(np.abs(padded).max(axis=1), 512)[:3000] / 3 / 2 / 2
   assert np.all(np.abs(summed - local_sum / 2) <= bound * (1 + 1e-5) + 1e-7)
   stats = ops.engine.stats()
-  assert int(ops.engine.step.numpy()) == stats["step"] == 1
+  assert int(ops.engine.step.numpy()) == stats["exchange_count"] == 1
   # One sender (the worker), however many local devices.
   assert stats["senders"] == stats["local_senders"] == 1
   assert stats["transport"] == "all_gather"
@@ -481,3 +481,67 @@ def test_example_fits_on_two_workers_with_identical_weights(tmp_path):
   assert reports[0]["weights_checksum"] == reports[1]["weights_checksum"]
   assert reports[0]["test_accuracy"] > 0.5
   assert reports[0]["compression_ratio"] > 5
+
+
+def test_several_devices_per_worker_chunk_zero_needs_only_the_last_tensor():
+  """Ready order with a local sum per tensor: no barrier across tensors.
+
+  Two local replicas (the several-GPUs-per-worker path, here on logical
+  CPUs, called directly as above), three tensors of two chunks' worth each:
+  chunk 0's encode and all-gather depend on the last tensor's replicas only,
+  not on the first tensor's (whose gradients the backward pass produces
+  last); the last chunk's encode does depend on the first tensor. Graph
+  only: the overlap itself is measured by benchmarks/step_breakdown.py.
+  """
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import collective_util  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import reduce_util  # pylint: disable=g-import-not-at-top
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+  labels = ({"labels": None} if "labels" in inspect.signature(
+      multi_worker.MultiWorkerCompressedAllReduce).parameters else {})
+  ops = multi_worker.MultiWorkerCompressedAllReduce(
+      devices=devices, group_size=2, options=collective_util.Options(),
+      collective_keys=cross_device_utils.CollectiveKeys(group_key_start=7300),
+      compression=options_lib.CompressionOptions(
+          ndq_tf.DitheredCodec(num_levels=1), min_elements=10,
+          chunk_elements=1024),
+      num_workers=1, worker_id=0, **labels)
+  sources = []  # Per tensor, the ops that make its replicas' values.
+
+  @tf.function
+  def reduce():
+    compressed = []
+    for i in range(3):
+      parts = []
+      for r, device in enumerate(devices):
+        with tf.device(device):
+          parts.append(tf.random.stateless_normal([2048], seed=[i, r]) * 2.0)
+      sources.append([p.op for p in parts])
+      compressed.append((i, parts))
+    return ops._exchange(  # pylint: disable=protected-access
+        reduce_util.ReduceOp.MEAN, compressed, collective_util.Options(), [])
+
+  graph = reduce.get_concrete_function().graph
+  chunks = {}
+  for op in graph.get_operations():
+    match = re.search(r"/ndq_chunk(\d+)(?:_\d+)?/", op.name)
+    if match and ("/ndq_encode" in op.name
+                  or op.type == "CollectiveGatherV2"):
+      chunks.setdefault(int(match.group(1)), []).append(op)
+  assert len(chunks) == 6, sorted(chunks)
+  assert any(o.type == "CollectiveGatherV2" for o in chunks[0])
+  first_chunk = set().union(*map(_ancestors, chunks[0]))
+  last_chunk = set().union(*map(_ancestors, chunks[max(chunks)]))
+  assert not set(sources[0]) & first_chunk
+  assert set(sources[2]) <= first_chunk
+  assert set(sources[0]) <= last_chunk
+  # And it runs: the mean of the two replicas, within DQSG's bound.
+  for i, result in enumerate(reduce()):
+    local_sum = sum(
+        tf.random.stateless_normal([2048], seed=[i, r]).numpy() * 2.0
+        for r in range(2))
+    bound = np.repeat(np.abs(local_sum.reshape(-1, 512)).max(axis=1),
+                      512) / 1 / 2 / 2
+    assert np.all(np.abs(result.numpy() - local_sum / 2)
+                  <= bound * (1 + 1e-5) + 1e-7)
