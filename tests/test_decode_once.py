@@ -26,31 +26,35 @@ def _devices():
 
 
 def _exchange(options, shared, steps=2):
-  """The engine's sums over `steps` calls, per step and replica, flattened."""
+  """The engine's sums over `steps` calls, per step and replica, flattened.
+
+  One `tf.function`, traced once and called every step, as in training.
+  """
   devices = _devices()
   engine = engine_lib.ExchangeEngine(options)
   rng = np.random.default_rng(3)
+
+  @tf.function(autograph=False)
+  def run(grads):
+    copy = transports.DeviceCopyTransport(devices)
+    total = transports.DeviceSumTransport(devices)
+    copy.shared_memory = total.shared_memory = shared
+    senders = []
+    for r, device in enumerate(devices):
+      with tf.device(device):
+        senders.append(engine_lib.LocalSender(
+            r, device, [tf.identity(g) for g in grads[r]]))
+    return engine.exchange({"all_gather": copy, "all_reduce": total},
+                           senders, "sum")
+
   out = []
   for _ in range(steps):
     grads = [[tf.constant(rng.standard_normal(s).astype(np.float32)
                           * (1 + r)) for s in SHAPES]
              for r in range(NUM_REPLICAS)]
-
-    @tf.function(autograph=False)
-    def run(grads=grads):
-      copy = transports.DeviceCopyTransport(devices)
-      total = transports.DeviceSumTransport(devices)
-      copy.shared_memory = total.shared_memory = shared
-      senders = []
-      for r, device in enumerate(devices):
-        with tf.device(device):
-          senders.append(engine_lib.LocalSender(
-              r, device, [tf.identity(g) for g in grads[r]]))
-      return engine.exchange({"all_gather": copy, "all_reduce": total},
-                             senders, "sum")
-
     out.append([np.concatenate([t.numpy().ravel() for t in tensors])
-                for tensors in run()])
+                for tensors in run(grads)])
+  assert run.experimental_get_tracing_count() == 1
   return out, engine
 
 
