@@ -118,6 +118,27 @@ def test_mmse_alpha_needs_the_automatic_mode():
         reference_codec=ndq_tf.DitheredCodec(num_levels=1), adaptive=False)
 
 
+def _two_local_replicas(compression, group_key_start):
+  """`(devices, ops)`: one worker's exchange over two local CPU replicas.
+
+  MultiWorkerMirroredStrategy uses one CPU device per worker, so this path
+  (several GPUs per worker) is built directly, with one worker.
+  """
+  from tensorflow.python.distribute import collective_util  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-import-not-at-top
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+  # Gradient detection's `labels`, where the constructor takes them, are
+  # not used by `_exchange`.
+  labels = ({"labels": None} if "labels" in inspect.signature(
+      multi_worker.MultiWorkerCompressedAllReduce).parameters else {})
+  ops = multi_worker.MultiWorkerCompressedAllReduce(
+      devices=devices, group_size=2, options=collective_util.Options(),
+      collective_keys=cross_device_utils.CollectiveKeys(
+          group_key_start=group_key_start),
+      compression=compression, num_workers=1, worker_id=0, **labels)
+  return devices, ops
+
+
 def test_several_devices_per_worker_sum_locally_and_encode_once():
   """Two local replicas: one lossless sum, one payload, one sender.
 
@@ -129,19 +150,11 @@ def test_several_devices_per_worker_sum_locally_and_encode_once():
   """
   import ndq_tf  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import collective_util  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import reduce_util  # pylint: disable=g-import-not-at-top
-  devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
   codec = ndq_tf.DitheredCodec(num_levels=3)
-  # Gradient detection's `labels`, where the constructor takes them, are
-  # not used by `_exchange`.
-  labels = ({"labels": None} if "labels" in inspect.signature(
-      multi_worker.MultiWorkerCompressedAllReduce).parameters else {})
-  ops = multi_worker.MultiWorkerCompressedAllReduce(
-      devices=devices, group_size=2, options=collective_util.Options(),
-      collective_keys=cross_device_utils.CollectiveKeys(group_key_start=7000),
-      compression=options_lib.CompressionOptions(codec, min_elements=10),
-      num_workers=1, worker_id=0, **labels)
+  devices, ops = _two_local_replicas(
+      options_lib.CompressionOptions(codec, min_elements=10),
+      group_key_start=7000)
   values = []
   for i, device in enumerate(devices):
     with tf.device(device):
@@ -495,18 +508,12 @@ def test_several_devices_per_worker_chunk_zero_needs_only_the_last_tensor():
   """
   import ndq_tf  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import collective_util  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import reduce_util  # pylint: disable=g-import-not-at-top
-  devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
-  labels = ({"labels": None} if "labels" in inspect.signature(
-      multi_worker.MultiWorkerCompressedAllReduce).parameters else {})
-  ops = multi_worker.MultiWorkerCompressedAllReduce(
-      devices=devices, group_size=2, options=collective_util.Options(),
-      collective_keys=cross_device_utils.CollectiveKeys(group_key_start=7300),
-      compression=options_lib.CompressionOptions(
+  devices, ops = _two_local_replicas(
+      options_lib.CompressionOptions(
           ndq_tf.DitheredCodec(num_levels=1), min_elements=10,
           chunk_elements=1024),
-      num_workers=1, worker_id=0, **labels)
+      group_key_start=7300)
   sources = []  # Per tensor, the ops that make its replicas' values.
 
   @tf.function
