@@ -7,9 +7,9 @@ float32 all-reduce (its default for CPUs, a collective ring, and
 `ndq_tf.MirroredStrategy` with each codec, and prints the median step time,
 its ratio to float32, the wire bits per gradient element
 (`sent_bits_per_element` of `strategy.compression_stats()`) and the
-compressed exchanges counted (`step`). The optimizer's gradient all-reduce
-is compressed by default, one exchange per step (warm-up included); the
-script stops if a configuration did not compress every step.
+compressed exchanges counted (`exchange_count`). The optimizer's gradient
+all-reduce is compressed by default, one exchange per step (warm-up
+included); the script stops if a configuration did not compress every step.
 
 On logical CPU devices bandwidth is free (a copy is a memcpy), so the ratio
 measures the pure compute overhead of compression: encode on every sender,
@@ -171,8 +171,9 @@ def main(argv):
     stats = strategy.compression_stats()
     if stats["exchange_count"] != total_steps:
       raise RuntimeError(
-          f"{name}: {stats['exchange_count']} compressed exchanges in {total_steps} "
-          "steps; the gradient all-reduce was not compressed every step.")
+          f"{name}: {stats['exchange_count']} compressed exchanges in "
+          f"{total_steps} steps; the gradient all-reduce was not compressed "
+          "every step.")
     rows.append((f"{name} [{stats['transport']}]", seconds,
                  stats["sent_bits_per_element"], stats["exchange_count"]))
   reference = rows[0][1]

@@ -106,9 +106,9 @@ def _fit(run, seed, data, devices):
       stats = strategy.compression_stats()
       if stats["exchange_count"] != len(steps) + 1:
         raise RuntimeError(
-            f"{run} seed {seed}: {stats['exchange_count']} compressed exchanges after "
-            f"{len(steps) + 1} steps: the gradient aggregation was not "
-            "compressed every step.")
+            f"{run} seed {seed}: {stats['exchange_count']} compressed "
+            f"exchanges after {len(steps) + 1} steps: the gradient "
+            "aggregation was not compressed every step.")
       steps.append(stats)
 
   start = time.time()

@@ -260,8 +260,9 @@ def _make_recorder(keras, model, strategy, x_eval, y_eval, x_test, y_test,
       s = strategy.compression_stats()
       if s["exchange_count"] != self.step:
         raise RuntimeError(
-            f"{s['exchange_count']} compressed exchanges after {self.step} steps: the "
-            "gradient aggregation was not compressed every step.")
+            f"{s['exchange_count']} compressed exchanges after "
+            f"{self.step} steps: the gradient aggregation was not "
+            "compressed every step.")
       element_sends = ((s["compressed_elements"] + s["lossless_elements"])
                        * s["local_senders"])
       self.sums["wire_bits"] += s["sent_bits"]
