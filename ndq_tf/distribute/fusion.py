@@ -41,7 +41,7 @@ in one XLA-compiled computation (`fusion_sum.sum_stacked`). A chain of
 `a + b + c` in the graph may be re-associated differently by Grappler on
 different devices, so that the last bits differ; the compiled fold has one
 order, the bits of `tf.reduce_sum(tf.stack(...), axis=0)` (which was used
-before it, at 6x its CPU time) below 16 senders, and
+before it, 2.4-2.6 times slower alone) below 16 senders, and
 tests/test_mirrored.py checks the replicas bit for bit: every receiver
 obtains bitwise the same sum, so mirrored variables stay identical.
 Senders whose codec needs side information (nested codecs) are decoded with
