@@ -193,6 +193,49 @@ def test_config_words_round_trip():
       words, length) == options.get_config()
 
 
+def _config_gather(peer_options, settle_error=None):
+  """An all-gather of two workers, the peer's rows built from its options."""
+  calls = []
+  peer_words = fingerprint.config_words(peer_options)
+  peer_length = len(json.dumps(peer_options.get_config(), sort_keys=True,
+                               separators=(",", ":")))
+
+  def gather(row):
+    calls.append(row.size)
+    if len(calls) == 1:
+      peer = np.array([fingerprint.CONFIG_MAGIC, peer_length], np.int32)
+    elif len(calls) == 2:
+      peer = np.zeros_like(row)
+      peer[:len(peer_words)] = peer_words
+    else:
+      if settle_error:
+        raise settle_error
+      peer = np.zeros_like(row)
+    return np.concatenate([row, peer])
+  return gather, calls
+
+
+def test_a_worker_that_finds_a_mismatch_waits_for_its_peers_to_read():
+  # Agreement: the two all-gathers, no third.
+  gather, calls = _config_gather(_options(seed=7))
+  fingerprint.check_agreement(gather, _options(seed=7), 2, "Test")
+  assert len(calls) == 2
+  # A mismatch: a third all-gather before the error, so that no worker
+  # exits while a peer still reads its config.
+  gather, calls = _config_gather(_options(seed=1))
+  with pytest.raises(ValueError, match="`seed` is 7 on worker 0, 1 on "
+                                       "worker 1"):
+    fingerprint.check_agreement(gather, _options(seed=7), 2, "Test")
+  assert calls[2] == 1 and len(calls) == 3
+  # The peer that raised first may close the third: the error is the same.
+  gather, calls = _config_gather(_options(seed=1), tf.errors.UnavailableError(
+      None, None, "Socket closed"))
+  with pytest.raises(ValueError, match="`seed` is 7 on worker 0, 1 on "
+                                       "worker 1"):
+    fingerprint.check_agreement(gather, _options(seed=7), 2, "Test")
+  assert len(calls) == 3
+
+
 def _peer_gather(peer_mark):
   """An all-gather of two workers: this row, then worker 1's own."""
   def gather(row):

@@ -13,7 +13,11 @@ worker:
   then the configs padded to the longest), compared in Python, so that the
   error names the setting at fault and every worker's value. Fixed shapes:
   a mismatch in sizes cannot crash in TF's shape check before the
-  comparison.
+  comparison. A worker that finds a mismatch waits for one more all-gather
+  before it raises: none can finish it before every worker has read the
+  configs, so no worker exits (closing its sockets) while a peer still
+  reads its row, which would end that peer with "Socket closed" instead of
+  the error.
 * `fingerprint`, on every exchange: one 32-bit hash of the options' full
   config (`CompressionOptions.get_config()`, so that codec options added
   later are covered without a change here), the fusion plan's signature
@@ -118,11 +122,26 @@ def describe_differences(configs, names=None):
   return "; ".join(parts) or None
 
 
+def _settle(all_gather):
+  """Returns once every worker has finished the all-gathers before this one.
+
+  A worker's row of this all-gather is sent only after its earlier
+  all-gathers returned, so a worker that finishes this one (and then raises
+  and exits) leaves no peer reading its earlier rows. A peer that exits
+  first can make this one fail here; the caller raises its own error then.
+  """
+  try:
+    all_gather(np.zeros([1], np.int32))
+  except Exception:  # pylint: disable=broad-except
+    pass  # The peer that ended it had its configs: it raises the same error.
+
+
 def check_agreement(all_gather, options, num_workers, who, names=None):
   """Compares every worker's options; raises on every worker if they differ.
 
   Two all-gathers of fixed shape: `[CONFIG_MAGIC, length]` of each worker,
-  then every config zero-padded to the longest.
+  then every config zero-padded to the longest. On a mismatch, a third
+  (`_settle`) before the error.
 
   Args:
     all_gather: a function `(1-D int32 numpy array) -> the concatenation of
@@ -141,6 +160,7 @@ def check_agreement(all_gather, options, num_workers, who, names=None):
   heads = np.reshape(all_gather(np.array([CONFIG_MAGIC, length], np.int32)),
                      [num_workers, 2])
   if not np.all(heads[:, 0] == CONFIG_MAGIC):
+    _settle(all_gather)
     raise ValueError(
         f"{who}: a worker sent no options config (first words "
         f"{heads[:, 0].tolist()}); every worker must run the same version of "
@@ -153,6 +173,7 @@ def check_agreement(all_gather, options, num_workers, who, names=None):
              for i in range(num_workers)]
   differences = describe_differences(configs, names)
   if differences:
+    _settle(all_gather)
     raise ValueError(
         f"{who}: the workers were built with different compression options, "
         f"so each would decode the others' payloads with the wrong codec, "
