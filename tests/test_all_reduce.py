@@ -86,11 +86,11 @@ def test_strategy_result_is_the_codec_api_sum_bit_for_bit(spec):
     np.testing.assert_array_equal(got[0], _expected(codec, grads, step))
   stats = strategy.compression_stats()
   assert stats["transport"] == "all_reduce"
-  assert stats["step"] == 2
+  assert stats["exchange_count"] == 2
   layout = ops.lane_layout(codec.alphabet_size, NUM_REPLICAS, n)
   assert stats["payload_bits"] == NUM_REPLICAS * (
       layout.wire_bits + 32 * codec.num_scales(n))
-  assert stats["link_bits"] == round(
+  assert stats["model_link_bits"] == round(
       NUM_REPLICAS * theory.exchange_bits(codec, n, NUM_REPLICAS, "all_reduce"))
 
 
@@ -209,7 +209,7 @@ def test_model_fit_keeps_mirrored_variables_bitwise_identical():
   assert link == pytest.approx(strategy.compression_stats()[
       "link_compression_ratio"])
   assert 1.5 * 32 / link == pytest.approx(
-      strategy.compression_stats()["link_bits"] / (
+      strategy.compression_stats()["model_link_bits"] / (
           NUM_REPLICAS * (32 * 64 + 64 + 64 * 2 + 2)))
   losses = history.history["loss"]
   assert losses[-1] < losses[0]
@@ -219,7 +219,7 @@ def test_model_fit_keeps_mirrored_variables_bitwise_identical():
     _assert_identical([v.numpy() for v in copies])
   stats = strategy.compression_stats()
   assert stats["transport"] == "all_reduce"
-  assert stats["step"] == 3 * 8
+  assert stats["exchange_count"] == 3 * 8
 
 
 def test_all_reduce_refuses_nested_codecs_saying_why():

@@ -258,14 +258,14 @@ def _check_training(results, num_workers, transport, steps):
     assert r["step"] == steps
     stats = r["stats"]
     assert stats["transport"] == transport
-    assert stats["step"] == steps
+    assert stats["exchange_count"] == steps
     assert stats["senders"] == num_workers and stats["local_senders"] == 1
     assert stats["compressed_elements"] == n
     assert stats["lossless_elements"] == (
         sum(int(np.prod(s)) for s in shapes) - n)
     assert stats["uncompressed_gradient_reductions"] == 0
     assert stats["lossless_fallbacks"] == 0
-    assert stats["link_bits"] == link_bits, (stats, link_bits)
+    assert stats["model_link_bits"] == link_bits, (stats, link_bits)
 
 
 def _shapes():
@@ -345,7 +345,7 @@ def test_chunked_exchange_leaves_the_weights_of_one_exchange(jobs, name,
   results = jobs[name].results()
   for r in results:
     assert r["stats"]["transport"] == transport
-    assert r["stats"]["step"] == steps
+    assert r["stats"]["exchange_count"] == steps
   reference = jobs[unchunked].results()
   assert [r["weights"] for r in results] == [r["weights"] for r in reference]
   if transport == "all_gather":  # Every chunk's row has its own header.

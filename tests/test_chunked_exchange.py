@@ -88,7 +88,7 @@ def test_chunks_give_the_bits_of_one_exchange(transport, spec,
   chunked, strategy = _run(codec=spec, transport=transport,
                            chunk_elements=chunk_elements, shapes=shapes)
   _assert_same_bits(chunked, whole)
-  assert strategy.compression_stats()["step"] == 2
+  assert strategy.compression_stats()["exchange_count"] == 2
 
 
 def test_mean_in_chunks_is_the_mean_of_one_exchange():

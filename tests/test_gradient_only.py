@@ -126,7 +126,7 @@ def test_synchronized_batch_norm_statistics_match_tf_and_gradients_are_compresse
   # 450 test images: one image is 0.22 points.
   assert abs(accuracy - reference_accuracy) <= 0.005 + 1e-9, (
       accuracy, reference_accuracy)
-  bits = history.history["wire_bits_per_element"][-1]
+  bits = history.history["sent_bits_per_element"][-1]
   assert bits < (2.0 if num_levels == 1 else 3.5), bits
   assert strategy.compression_stats()["compressed_elements"] == _compressible(
       model)
@@ -335,6 +335,7 @@ def test_compression_stats_does_not_warn_when_nothing_was_all_reduced():
     warnings.filterwarnings("error", message="CompressionStats")
     history = model.fit(x, y, batch_size=64, epochs=1, verbose=0,
                         callbacks=[ndq_tf.keras.CompressionStats()])
+  assert "sent_bits_per_element" not in history.history
   assert "wire_bits_per_element" not in history.history
 
 
@@ -347,5 +348,5 @@ def test_compression_stats_warns_when_gradients_went_lossless():
   with pytest.warns(RuntimeWarning, match="all-reduced losslessly"):
     history = model.fit(x, y, batch_size=64, epochs=1, verbose=0,
                         callbacks=[ndq_tf.keras.CompressionStats()])
-  assert history.history["wire_bits_per_element"] == [32.0]
+  assert history.history["sent_bits_per_element"] == [32.0]
   assert strategy.compression_stats()["uncompressed_gradient_reductions"] == 2

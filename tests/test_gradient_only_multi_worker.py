@@ -118,7 +118,7 @@ def test_batch_norm_model_fit_compresses_gradients(jobs, strategy):
     assert r["step_before"] == 0
     assert r["step"] == 1  # One model.fit step: one compressed exchange.
     stats = r["stats"]
-    assert stats["step"] == 1
+    assert stats["exchange_count"] == 1
     assert stats["senders"] == NUM_WORKERS and stats["local_senders"] == 1
     assert stats["compressed_elements"] > 0
     # Every trainable variable of at least min_elements=256 elements: the
@@ -273,7 +273,8 @@ def test_loss_scale_optimizer_fit_compresses_each_step_once(jobs, optimizer):
     assert r["loss_scale"] == 2.0 ** 15  # Never lowered (nor grown).
     assert np.all(np.isfinite(r["loss"])), r["loss"]
     stats = r["stats"]
-    assert stats["step"] == r["step"]  # The last exchange was the last step.
+    # The last exchange was the last step.
+    assert stats["exchange_count"] == r["step"]
     assert stats["senders"] == NUM_WORKERS and stats["local_senders"] == 1
     # The Dense(256) kernel and bias and the Dense(10) kernel; the Dense(10)
     # bias travels losslessly beside them.

@@ -67,8 +67,8 @@ def _check_compressed(result, reference, transport):
   assert result["exchanges"] == routes.STEPS, result
   assert stats["transport"] == transport
   assert stats["compressed_elements"] == COMPRESSIBLE > 0
-  bits = stats["wire_bits_per_element"]
-  ref = reference["stats"]["wire_bits_per_element"]
+  bits = stats["sent_bits_per_element"]
+  ref = reference["stats"]["sent_bits_per_element"]
   assert abs(bits / ref - 1.0) <= 0.10, (bits, ref)
   assert result["replicas_identical"]
   assert result["unrecognised_steps"] == 0

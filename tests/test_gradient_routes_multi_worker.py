@@ -90,8 +90,8 @@ def test_route_compresses_and_workers_stay_identical(jobs, transport, route):
     assert r["exchanges"] == routes.STEPS, r
     assert stats["transport"] == transport
     assert stats["compressed_elements"] == COMPRESSIBLE > 0
-    bits, ref_bits = (stats["wire_bits_per_element"],
-                      ref["stats"]["wire_bits_per_element"])
+    bits, ref_bits = (stats["sent_bits_per_element"],
+                      ref["stats"]["sent_bits_per_element"])
     assert abs(bits / ref_bits - 1.0) <= 0.10, (bits, ref_bits)
     assert r["unrecognised_steps"] == 0 and not r["warnings"], r["warnings"]
     assert r["uncompressed_reductions"] == 0
@@ -99,8 +99,8 @@ def test_route_compresses_and_workers_stay_identical(jobs, transport, route):
   assert len({r["sha256"] for r in results}) == 1
   if route in ("tf_keras", "legacy"):
     for r in results:
-      assert r["logged"]["wire_bits_per_element"] == pytest.approx(
-          r["stats"]["wire_bits_per_element"])
+      assert r["logged"]["sent_bits_per_element"] == pytest.approx(
+          r["stats"]["sent_bits_per_element"])
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

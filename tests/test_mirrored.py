@@ -143,7 +143,7 @@ class TestCompressedAllReduce:
     # A new step draws a new dither.
     assert not np.array_equal(first[0].numpy(), second[0].numpy())
     stats = strategy.compression_stats()
-    assert stats["step"] == 2
+    assert stats["exchange_count"] == 2
     assert stats["transport"] == transport
     assert stats["senders"] == stats["local_senders"] == NUM_REPLICAS
     if transport == "all_gather":
@@ -153,8 +153,9 @@ class TestCompressedAllReduce:
       assert stats["payload_bits"] == NUM_REPLICAS * (
           layout.wire_bits + 32 * ops.codec.num_scales(1024))
     assert stats["sent_bits"] == stats["payload_bits"]  # nothing lossless
-    assert stats["link_bits"] == round(NUM_REPLICAS * ndq_tf.theory.exchange_bits(
-        ops.codec, 1024, NUM_REPLICAS, transport))
+    assert stats["model_link_bits"] == round(
+        NUM_REPLICAS * ndq_tf.theory.exchange_bits(ops.codec, 1024,
+                                                   NUM_REPLICAS, transport))
     # The float32 bits of the same elements: 1000 per replica.
     assert stats["compressed_elements"] == 1000
     assert stats["lossless_elements"] == 0
@@ -418,7 +419,7 @@ class TestCompressionStats:
     ops = strategy.compressed_all_reduce
     # 1024 kernel elements in 2 ternary buckets, 32 bias elements lossless.
     expected = (ops.codec.wire_bits(1024) + 32 * 32) / 1056
-    assert history.history["wire_bits_per_element"] == [
+    assert history.history["sent_bits_per_element"] == [
         pytest.approx(expected)]
     assert history.history["compression_ratio"] == [
         pytest.approx(32 / expected)]

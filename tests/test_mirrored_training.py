@@ -82,7 +82,7 @@ def test_fit_keeps_every_replica_bitwise_identical_and_counts_wire_bits():
                 and "embedding" not in v.path]
   padded = sum(-(-n // d) * d for n in compressed)
   stats = strategy.compression_stats()
-  assert stats["step"] == steps
+  assert stats["exchange_count"] == steps
   assert stats["compressed_elements"] == sum(compressed)
   assert stats["payload_bits"] == NUM_REPLICAS * codec.wire_bits(padded)
   # Lossless beside them: the small biases and the embedding's sparse
@@ -96,9 +96,9 @@ def test_fit_keeps_every_replica_bitwise_identical_and_counts_wire_bits():
   logs = history.history
   assert logs["compression_ratio"][-1] == pytest.approx(
       32 * NUM_REPLICAS * elements / stats["sent_bits"])
-  assert logs["wire_bits_per_element"][-1] == pytest.approx(
+  assert logs["sent_bits_per_element"][-1] == pytest.approx(
       stats["sent_bits"] / (NUM_REPLICAS * elements))
-  assert logs["wire_bits_per_element"][-1] < 32 / 4
+  assert logs["sent_bits_per_element"][-1] < 32 / 4
 
 
 def _fit_digits(strategy, data):

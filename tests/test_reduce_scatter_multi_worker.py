@@ -126,10 +126,10 @@ def test_nested_group_keeps_workers_bitwise_identical(jobs):
     assert math.isfinite(r["loss"]), r["loss"]
     stats = r["stats"]
     assert stats["transport"] == TRANSPORT
-    assert stats["step"] == NESTED_STEPS
+    assert stats["exchange_count"] == NESTED_STEPS
     assert stats["senders"] == 2 and stats["local_senders"] == 1
     assert stats["compressed_elements"] == n
-    assert stats["link_bits"] == link_bits, (stats, link_bits)
+    assert stats["model_link_bits"] == link_bits, (stats, link_bits)
   assert results[0]["stats"]["nested_elements"] == 0  # The reference worker.
   nested = results[1]["stats"]
   assert nested["nested_elements"] == n // 2  # Its own shard's.
@@ -149,4 +149,5 @@ def test_error_feedback_keeps_workers_bitwise_identical(jobs):
       results, 2, TRANSPORT, STEPS)
   plain = jobs["p2"].results()
   assert results[0]["weights"] != plain[0]["weights"]
-  assert results[0]["stats"]["link_bits"] == plain[0]["stats"]["link_bits"]
+  assert (results[0]["stats"]["model_link_bits"]
+          == plain[0]["stats"]["model_link_bits"])

@@ -150,7 +150,8 @@ def test_codec_spec_string_and_config_dict_train_compressed(
     assert all(math.isfinite(x) for x in run["losses"])
     stats = run["stats"]
     _assert_stats_of_transport(stats, transport)
-    assert stats["step"] == checks.STEPS  # One compressed exchange a step.
+    # One compressed exchange a step.
+    assert stats["exchange_count"] == checks.STEPS
     assert stats["compressed_elements"] > 0
     assert stats["payload_bits"] > 0
 
@@ -229,7 +230,7 @@ def test_only_the_compressed_controls_advance_the_step(results, transport):
     assert policy["steps"] == 2
     stats = policy["stats"]
     _assert_stats_of_transport(stats, transport)
-    assert stats["step"] == checks.STEPS + 2
+    assert stats["exchange_count"] == checks.STEPS + 2
     assert stats["compressed_elements"] == 2 * checks.MIN_ELEMENTS
     for case in ("float_compressed_sum", "float_compressed_mean"):
       outcome = policy[case]

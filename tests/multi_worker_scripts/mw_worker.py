@@ -199,7 +199,7 @@ def main():
       step_before=np.int64(record["step_before"]),
       step_after=np.int64(strategy.compression_step.numpy()),
       iterations=np.int64(optimizer.iterations.numpy()),
-      stats_step=np.int64(stats["step"]),
+      stats_step=np.int64(stats["exchange_count"]),
       senders=np.int64(stats["senders"]),
       local_senders=np.int64(stats["local_senders"]),
       sent_bits=np.int64(stats["sent_bits"]),
