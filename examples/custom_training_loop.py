@@ -162,7 +162,7 @@ def main(argv):
         f"{identical}")
   if _MODE.value == "strategy":
     stats = strategy.compression_stats()
-    print(f"wire bits/element {stats['wire_bits_per_element']:.3f}, "
+    print(f"wire bits/element {stats['sent_bits_per_element']:.3f}, "
           f"compression ratio {stats['compression_ratio']:.2f}")
   else:
     from ndq_tf.distribute import fusion  # pylint: disable=g-import-not-at-top

@@ -162,7 +162,7 @@ def fit_one(spec, devices, data, index, count):
   seconds = time.time() - start
   accuracy = model.evaluate(x_test, y_test, verbose=0)[1]
   print(f"[{index}/{count}] {spec}: test accuracy {accuracy:.4f}, "
-        f"{history.history['wire_bits_per_element'][-1]:.3f} bits per "
+        f"{history.history['sent_bits_per_element'][-1]:.3f} bits per "
         f"element, {seconds:.0f} s", flush=True)
   ops = strategy.compressed_all_reduce
   label = spec
@@ -187,7 +187,7 @@ def fit_one(spec, devices, data, index, count):
   return {
       "codec": label,
       "accuracy": accuracy,
-      "bits": history.history["wire_bits_per_element"][-1],
+      "bits": history.history["sent_bits_per_element"][-1],
       "ratio": history.history["compression_ratio"][-1],
       "transport": strategy.compression_stats()["transport"],
       "link": history.history["link_compression_ratio"][-1],

@@ -80,8 +80,8 @@ def test_keras3_fit_compresses(keras3):
   transport, result = keras3
   _check_compressed(result, result, transport)
   # CompressionStats logged the same numbers under Keras 3's fit.
-  assert result["logged"]["wire_bits_per_element"] == pytest.approx(
-      result["stats"]["wire_bits_per_element"])
+  assert result["logged"]["sent_bits_per_element"] == pytest.approx(
+      result["stats"]["sent_bits_per_element"])
 
 
 def test_tf_keras_fit_compresses_with_the_same_bits(keras3):
@@ -90,7 +90,7 @@ def test_tf_keras_fit_compresses_with_the_same_bits(keras3):
   result = routes.run_route(_strategy(transport), "tf_keras")
   _check_compressed(result, reference, transport)
   # CompressionStats works as a tf_keras callback, with the same keys.
-  for key in ("wire_bits_per_element", "compression_ratio",
+  for key in ("sent_bits_per_element", "compression_ratio",
               "link_compression_ratio"):
     assert result["logged"][key] == pytest.approx(result["stats"][key])
 
@@ -112,7 +112,7 @@ def test_low_level_reduce_to_per_gradient_compresses(keras3):
   assert result["exchanges"] == 3 * routes.STEPS, result
   assert stats["transport"] == transport
   assert stats["compressed_elements"] == routes.HIDDEN * routes.CLASSES
-  assert stats["wire_bits_per_element"] < 8.0  # float32 sends 32.
+  assert stats["sent_bits_per_element"] < 8.0  # float32 sends 32.
   assert result["replicas_identical"]
   assert result["unrecognised_steps"] == 0
   # b2 alone (10 elements) is a gradient aggregation with nothing to

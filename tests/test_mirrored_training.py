@@ -121,7 +121,7 @@ def test_digits_dqsg_matches_float32_accuracy_with_10x_fewer_bits():
   stats = strategy.compression_stats()
   print(f"float32 {reference:.4f}  dqsg {accuracy:.4f}  "
         f"ratio {stats['compression_ratio']:.2f}  bits/elt "
-        f"{stats['wire_bits_per_element']:.3f}")
+        f"{stats['sent_bits_per_element']:.3f}")
   assert reference > 0.9
   assert abs(accuracy - reference) <= 0.02
   # All gradient bits (compressed payloads and lossless small tensors).

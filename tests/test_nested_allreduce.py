@@ -543,7 +543,7 @@ def digits_baseline():
     accuracy[seed] = _fit_digits(dqsg, data, seed)
     stats = dqsg.compression_stats()
     print(f"\ndqsg num_levels=3 seed {seed}: acc {accuracy[seed]:.4f}, "
-          f"bits/elt {stats['wire_bits_per_element']:.3f}")
+          f"bits/elt {stats['sent_bits_per_element']:.3f}")
   return data, accuracy, stats["sent_bits"]
 
 
@@ -555,7 +555,7 @@ def _fit_nested(data, baseline_bits, count, adaptive, seed):
   stats = strategy.compression_stats()
   mode = "adaptive" if adaptive else "fixed"
   print(f"ndqsg {mode} |P1|={count}/4 seed {seed}: acc {accuracy:.4f}, "
-        f"bits/elt {stats['wire_bits_per_element']:.3f} "
+        f"bits/elt {stats['sent_bits_per_element']:.3f} "
         f"({1 - stats['sent_bits'] / baseline_bits:.1%} fewer), overload "
         f"counted {stats['overload_rate']:.2e} (Gaussian "
         f"{stats['overload_probability']:.2e}), fallback "

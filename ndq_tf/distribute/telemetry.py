@@ -4,7 +4,7 @@
 this process did; `result()` reads it as a dict of Python numbers with the
 keys below, the same for `ndq_tf.MirroredStrategy` and
 `ndq_tf.MultiWorkerMirroredStrategy`. `ndq_tf.CompressionStats` puts
-`wire_bits_per_element`, `compression_ratio` and, with a nested codec,
+`sent_bits_per_element`, `compression_ratio` and, with a nested codec,
 `overload_rate` and `fallback_fraction` in the Keras logs.
 
 "This process" is one `MirroredStrategy` (which encodes for all its
