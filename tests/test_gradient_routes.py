@@ -293,7 +293,7 @@ def test_renamed_telemetry_keeps_deprecated_aliases():
   stats = ops.stats()
   for name, want in (("last_wire_bits", stats["sent_bits"]),
                      ("wire_bits_per_element",
-                      stats["wire_bits_per_element"])):
+                      stats["sent_bits_per_element"])):
     with pytest.warns(DeprecationWarning, match=r"stats\(\)\[") as record:
       assert getattr(ops, name) == want
     assert name in str(record[0].message)
