@@ -200,8 +200,8 @@ def _config_gather(peer_options, settle_error=None):
   peer_length = len(json.dumps(peer_options.get_config(), sort_keys=True,
                                separators=(",", ":")))
 
-  def gather(row):
-    calls.append(row.size)
+  def gather(row, timeout=None):
+    calls.append((row.size, timeout))
     if len(calls) == 1:
       peer = np.array([fingerprint.CONFIG_MAGIC, peer_length], np.int32)
     elif len(calls) == 2:
@@ -226,7 +226,8 @@ def test_a_worker_that_finds_a_mismatch_waits_for_its_peers_to_read():
   with pytest.raises(ValueError, match="`seed` is 7 on worker 0, 1 on "
                                        "worker 1"):
     fingerprint.check_agreement(gather, _options(seed=7), 2, "Test")
-  assert calls[2] == 1 and len(calls) == 3
+  # A bounded wait: a peer of an older version never joins it.
+  assert calls[2] == (1, fingerprint.SETTLE_SECONDS) and len(calls) == 3
   # The peer that raised first may close the third: the error is the same.
   gather, calls = _config_gather(_options(seed=1), tf.errors.UnavailableError(
       None, None, "Socket closed"))

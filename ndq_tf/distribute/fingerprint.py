@@ -38,6 +38,7 @@ import numpy as np
 
 __all__ = [
     "CONFIG_MAGIC",
+    "SETTLE_SECONDS",
     "check_agreement",
     "config_words",
     "describe_differences",
@@ -128,12 +129,19 @@ def _settle(all_gather):
   A worker's row of this all-gather is sent only after its earlier
   all-gathers returned, so a worker that finishes this one (and then raises
   and exits) leaves no peer reading its earlier rows. A peer that exits
-  first can make this one fail here; the caller raises its own error then.
+  first can make this one fail here, and a peer of an older version never
+  joins it (`SETTLE_SECONDS` bound the wait); the caller raises its own
+  error then.
   """
   try:
-    all_gather(np.zeros([1], np.int32))
+    all_gather(np.zeros([1], np.int32), timeout=SETTLE_SECONDS)
   except Exception:  # pylint: disable=broad-except
     pass  # The peer that ended it had its configs: it raises the same error.
+
+
+#: Seconds a worker that found a mismatch waits for its peers (`_settle`)
+#: before it raises anyway.
+SETTLE_SECONDS = 30
 
 
 def check_agreement(all_gather, options, num_workers, who, names=None):
@@ -144,8 +152,9 @@ def check_agreement(all_gather, options, num_workers, who, names=None):
   (`_settle`) before the error.
 
   Args:
-    all_gather: a function `(1-D int32 numpy array) -> the concatenation of
-      every worker's array` (an eager collective).
+    all_gather: a function `(1-D int32 numpy array, timeout=None) -> the
+      concatenation of every worker's array` (an eager collective; with
+      `timeout`, it fails after that many seconds).
     options: this worker's `CompressionOptions`.
     num_workers: workers in the job.
     who: how the error names the program (the strategy's class).

@@ -169,10 +169,16 @@ class MultiWorkerCompressedAllReduce(cross_device_ops.DeprecatedTelemetry,
     Eager collectives of fixed shape (`fingerprint.check_agreement`); the
     error names each setting at fault and every worker's value.
     """
-    def gather(row):
+    def gather(row, timeout=None):
+      options = self._options
+      if timeout is not None:
+        timeout = min(t for t in (timeout, options.timeout_seconds) if t)
+        options = options.merge(
+            tf.distribute.experimental.CommunicationOptions(
+                timeout_seconds=timeout))
       with tf.device(self._exchange_device):
         return tf_internals.all_gather(self._launcher, tf.constant(row),
-                                       self._options).numpy()
+                                       options).numpy()
     fingerprint.check_agreement(gather, self._engine.options,
                                 self._num_workers, _WHO,
                                 names={"reference_group": "reference_workers"})
