@@ -65,7 +65,7 @@ What is measured, per (P, rate, method):
   (gRPC framing, RPC requests, control traffic), the CPU seconds of every
   worker per step (all its threads: `time.process_time`; the progress line
   splits them by thread name into TF's op threads, gRPC's, the collective
-  executor's and the rest, `THREAD_GROUPS`) and their sum
+  executor's and the rest, `link_worker.THREAD_GROUPS`) and their sum
   divided by the machine's cores (the step time the CPU alone would need
   if the workers never waited on each other), and the link's floor (the
   busiest worker's bytes at the link's rate).
@@ -222,7 +222,7 @@ def _summarize(results, rate):
       "model_bytes": first["model_bytes"],
       "cpu_s_per_worker": [p["cpu_s"] for p in per_step],
       "cpu_s_sum": sum(p["cpu_s"] for p in per_step),
-      # Per thread group (`THREAD_GROUPS`), the mean over the workers.
+      # Per thread group (`link_worker.THREAD_GROUPS`), the mean over the workers.
       "cpu_split_s": {
           group: statistics.mean(p.get(f"cpu_{group}_s", 0.0)
                                  for p in per_step)
