@@ -222,7 +222,8 @@ def _summarize(results, rate):
       "model_bytes": first["model_bytes"],
       "cpu_s_per_worker": [p["cpu_s"] for p in per_step],
       "cpu_s_sum": sum(p["cpu_s"] for p in per_step),
-      # Per thread group (`link_worker.THREAD_GROUPS`), the mean over the workers.
+      # Per thread group (`link_worker.THREAD_GROUPS`), the mean over the
+      # workers.
       "cpu_split_s": {
           group: statistics.mean(p.get(f"cpu_{group}_s", 0.0)
                                  for p in per_step)
