@@ -70,10 +70,9 @@ def plot(path, baselines, nested, sides, ratios, settings):
     ax.set_yscale("log")
     ax.set_xlim(1.3, xmax)
     ax.set_xlabel("wire bits per element (codes + scales)")
-    ax.set_title(f"side information: {side}"
-                 + (" (y = g)" if side == "clean"
-                    else f" (mean of {settings.num_references} DQSG M=3 decodes)"),
-                 fontsize=10)
+    detail = (" (y = g)" if side == "clean" else
+              f" (mean of {settings.num_references} DQSG M=3 decodes)")
+    ax.set_title(f"side information: {side}{detail}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
   axes[0][0].set_ylabel("NMSE  ‖ĝ − g_p‖² / ‖g_p‖²")
 

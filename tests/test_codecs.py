@@ -260,7 +260,8 @@ class SpecialValuesTest(tf.test.TestCase, parameterized.TestCase):
       poisoned = np.arange(N) // codec.bucket_size == bucket
     self.assertFalse(np.any(np.isfinite(x_hat[poisoned])),
                      msg="finite values decoded from a non-finite bucket")
-    self.assertAllEqual(bits_of(x_hat[~poisoned]), bits_of(reference[~poisoned]))
+    self.assertAllEqual(bits_of(x_hat[~poisoned]),
+                        bits_of(reference[~poisoned]))
 
   @parameterized.parameters(*codec_params(BUCKETED))
   def test_nan_in_float64_bucket_decodes_to_non_finite(self, name):

@@ -1,8 +1,8 @@
 """The deterministic sum of decoded buffers (`fusion_sum.sum_stacked`).
 
-It replaced `tf.reduce_sum(tf.stack(...), axis=0)` (2.4-2.6 times slower alone):
-below 16 buffers it must give that reduction's bits exactly, signed zeros,
-infinities and NaNs included, so that the recorded hashes of
+It replaced `tf.reduce_sum(tf.stack(...), axis=0)` (2.4-2.6 times slower
+alone): below 16 buffers it must give that reduction's bits exactly, signed
+zeros, infinities and NaNs included, so that the recorded hashes of
 tests/test_golden.py hold; at any count it adds in the order given.
 """
 

@@ -123,6 +123,11 @@ def describe_differences(configs, names=None):
   return "; ".join(parts) or None
 
 
+#: Seconds a worker that found a mismatch waits for its peers (`_settle`)
+#: before it raises anyway.
+SETTLE_SECONDS = 30
+
+
 def _settle(all_gather):
   """Returns once every worker has finished the all-gathers before this one.
 
@@ -137,11 +142,6 @@ def _settle(all_gather):
     all_gather(np.zeros([1], np.int32), timeout=SETTLE_SECONDS)
   except Exception:  # pylint: disable=broad-except
     pass  # The peer that ended it had its configs: it raises the same error.
-
-
-#: Seconds a worker that found a mismatch waits for its peers (`_settle`)
-#: before it raises anyway.
-SETTLE_SECONDS = 30
 
 
 def check_agreement(all_gather, options, num_workers, who, names=None):
