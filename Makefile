@@ -36,7 +36,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # CI runs as root.
 export PIP_ROOT_USER_ACTION := ignore
 
-.PHONY: venv test test-quick test-oldest demo bench bazel-test lint-build clean
+.PHONY: venv test test-quick test-oldest demo bench bazel-test check-build \
+	lint-build clean
 
 venv: $(STAMP)
 
@@ -68,6 +69,11 @@ bench: venv
 
 bazel-test: venv
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(SHARED)/tools/bazel-test $(BAZEL_TARGETS)
+
+# Bazel loads and analyzes //... (no build, no test run), and every Python
+# file of ndq_tf/ and tests/ has a target (tools/check_build.py); in CI.
+check-build: venv
+	$(VPY) tools/check_build.py
 
 lint-build:
 	$(SHARED)/tools/buildifier -mode=check -lint=warn -r .
