@@ -11,7 +11,7 @@ EXTRAS ?= test,bench
 PINS ?=
 # The oldest supported TensorFlow and Keras (pyproject.toml's lower bounds,
 # ndq_tf.distribute.tf_internals; tests/test_packaging.py keeps them equal),
-# with the tf_keras of that TensorFlow. `make test-oldest` runs the quick
+# with the tf_keras of that TensorFlow. `make test-oldest` runs the oldest
 # tier on them in .venv-oldest; .ci/run runs it, then `make test`.
 OLDEST := tensorflow==2.18.* keras==3.10.* tf-keras==2.18.*
 # A TensorFlow already in the venv stays: pinned, so that the test extra's
@@ -51,12 +51,15 @@ $(STAMP): pyproject.toml
 test: venv
 	$(VPY) -m pytest tests $(PYTEST_ARGS)
 
-# All but the tests tagged "heavy" in tests/BUILD (pytest marker `heavy`).
+# The tiers are tests/BUILD's tags, as pytest markers (tests/conftest.py).
+# The quick tier: the test files tagged "quick".
 test-quick: venv
-	$(VPY) -m pytest tests $(PYTEST_ARGS) -m "not heavy"
+	$(VPY) -m pytest tests $(PYTEST_ARGS) -m quick
 
+# The oldest-versions tier (tag "oldest"), on the oldest supported versions.
 test-oldest:
-	$(MAKE) test-quick VENV=.venv-oldest EXTRAS=test PINS="$(OLDEST)"
+	$(MAKE) venv VENV=.venv-oldest EXTRAS=test PINS="$(OLDEST)"
+	.venv-oldest/bin/python -m pytest tests $(PYTEST_ARGS) -m oldest
 
 demo: venv
 	$(VPY) examples/fit_mirrored.py

@@ -11,10 +11,15 @@ made per test file would silently overwrite or contradict each other. A test
 that needs N <= NUM_LOGICAL_CPUS devices takes the first N of
 tf.config.list_logical_devices("CPU") and must not split again.
 
-Tiers: the test files whose Bazel target in tests/BUILD is tagged "heavy"
-get the pytest marker `heavy` (registered in pytest.ini), read from BUILD so
-that the two never disagree; `make test-quick` runs `-m "not heavy"`, as
-`bazel test --config=quick` leaves the tagged targets out.
+Tiers (issue #31): every test file's target in tests/BUILD carries exactly one
+of the tags "quick" and "heavy", and "oldest" when what it tests depends on
+the TensorFlow or Keras version (TF internals, saving and restoring, the
+gradient routes, the golden bits, the Keras callbacks). Each tag becomes the
+pytest marker of the same name (registered in pytest.ini), read from BUILD so
+that the two never disagree: `make test-quick` runs `-m quick`, `make
+test-oldest` runs `-m oldest` on the oldest supported versions, as `bazel test
+--config=quick` keeps the targets tagged "quick". A collected test file with
+no tier in BUILD stops the run (tools/check_build.py checks the same in CI).
 
 `tf.test.TestCase` has a method `test_session` (a deprecated context
 manager), which pytest would collect as a test of every TestCase subclass;
@@ -24,6 +29,7 @@ methods that test classes inherit from TensorFlow are deselected.
 import os
 import pathlib
 import re
+import time
 
 import pytest
 
@@ -34,24 +40,30 @@ NUM_LOGICAL_CPUS = 4
 _BUILD = pathlib.Path(__file__).with_name("BUILD")
 
 
-def heavy_test_files(build_text):
-  """The `srcs` of the `pytest_test` targets of a BUILD file tagged "heavy"."""
-  files = set()
+#: The tiers: each test file's BUILD target has one of the first two.
+TIERS = ("quick", "heavy", "oldest")
+
+
+def tiers_of_test_files(build_text):
+  """{test file: its tier tags} for the `pytest_test` targets of a BUILD file."""
+  tiers = {}
   for target in re.findall(r"^pytest_test\((.*?)^\)", build_text,
                            flags=re.M | re.S):
     tags = re.search(r"\btags\s*=\s*\[([^\]]*)\]", target)
-    if tags and re.search(r"[\"']heavy[\"']", tags.group(1)):
-      srcs = re.search(r"\bsrcs\s*=\s*\[([^\]]*)\]", target)
-      files.update(re.findall(r"[\"']([^\"']+\.py)[\"']", srcs.group(1)))
-  return files
+    names = set(re.findall(r"[\"']([^\"']+)[\"']", tags.group(1))
+                if tags else ())
+    srcs = re.search(r"\bsrcs\s*=\s*\[([^\]]*)\]", target)
+    for src in re.findall(r"[\"']([^\"']+\.py)[\"']", srcs.group(1)):
+      tiers[src] = names & set(TIERS)
+  return tiers
 
 
-def _heavy_files():
+def _file_tiers():
   # Under Bazel the BUILD file is not among a test's runfiles; its tags
   # select the tiers there.
   if not _BUILD.exists():
-    return set()
-  return heavy_test_files(_BUILD.read_text())
+    return None
+  return tiers_of_test_files(_BUILD.read_text())
 
 
 def _inherited_from_tensorflow(item):
@@ -66,10 +78,20 @@ def pytest_collection_modifyitems(config, items):
   if inherited:
     items[:] = [item for item in items if not _inherited_from_tensorflow(item)]
     config.hook.pytest_deselected(items=inherited)
-  heavy = _heavy_files()
+  tiers = _file_tiers()
+  if tiers is None:
+    return
+  untiered = sorted({item.path.name for item in items
+                     if len(tiers.get(item.path.name, set()) &
+                            {"quick", "heavy"}) != 1})
+  if untiered:
+    raise pytest.UsageError(
+        "tests/BUILD must tag the pytest_test target of each test file with "
+        "exactly one of \"quick\" and \"heavy\" (issue #31); these have "
+        "not: %s" % ", ".join(untiered))
   for item in items:
-    if item.path.name in heavy:
-      item.add_marker(pytest.mark.heavy)
+    for tier in sorted(tiers[item.path.name]):
+      item.add_marker(getattr(pytest.mark, tier))
 
 
 def _is_xdist_controller(config):
@@ -104,3 +126,40 @@ def pytest_configure(config):
   finally:
     if capman is not None:
       capman.suspend_global_capture()
+
+
+# The suite's time budget (issue #31): the whole run's wall time, and every
+# test whose setup, call and teardown (fixtures included) add up to more than
+# SLOW_TEST_SECONDS. Under pytest-xdist the controller receives every
+# worker's reports, so one summary covers both processes. A module-scoped
+# fixture's cost lands on the test that first asks for it.
+SLOW_TEST_SECONDS = 30.0
+#: No test may take longer (the suite issue's rule); the summary flags those.
+TEST_BUDGET_SECONDS = 60.0
+
+_durations = {}
+_START = time.monotonic()  # When pytest loaded this file, before TF loads.
+
+
+def pytest_runtest_logreport(report):
+  _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + (
+      report.duration)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+  del exitstatus  # Unused.
+  if hasattr(config, "workerinput"):
+    return  # An xdist worker: the controller reports.
+  if not _durations:
+    return
+  write = terminalreporter.write_line
+  terminalreporter.section("time budget")
+  slow = sorted(((d, n) for n, d in _durations.items()
+                 if d > SLOW_TEST_SECONDS), reverse=True)
+  for seconds, nodeid in slow:
+    flag = "  OVER %.0f s" % TEST_BUDGET_SECONDS if (
+        seconds > TEST_BUDGET_SECONDS) else ""
+    write("%7.1f s  %s%s" % (seconds, nodeid, flag))
+  write("%d tests: %.1f s of test time, %.1f s of wall time; %d over %.0f s"
+        % (len(_durations), sum(_durations.values()),
+           time.monotonic() - _START, len(slow), SLOW_TEST_SECONDS))

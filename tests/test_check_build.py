@@ -37,6 +37,7 @@ _BUILD = """\
     pytest_test(
         name = "test_a",
         srcs = ["test_a.py"],
+        tags = ["quick"],
         data = glob(["scripts/*.py"]),
         deps = [":helper", "//pkg"],
     )
@@ -82,7 +83,20 @@ def test_a_module_with_no_target(check_build, tmp_path):
       "//pkg/sub:t.py: in no target's srcs or data in pkg/sub/BUILD"]
 
 
+def test_a_test_target_needs_one_tier(check_build, tmp_path):
+  _tree(tmp_path, {"tests/BUILD": """
+pytest_test(name = "test_a", srcs = ["test_a.py"], tags = ["quick"])
+pytest_test(name = "test_b", srcs = ["test_b.py"], tags = ["oldest"])
+pytest_test(name = "test_c", srcs = ["test_c.py"], tags = ["quick", "heavy"])
+"""})
+  assert check_build.untiered_tests(tmp_path) == [
+      "//tests:test_b: tagged with no tier, not exactly one of quick and heavy",
+      "//tests:test_c: tagged ['heavy', 'quick'], not exactly one of quick "
+      "and heavy"]
+
+
 def test_this_repository(check_build):
   if not (check_build.ROOT / "ndq_tf" / "BUILD").exists():
     pytest.skip("BUILD files are not among a Bazel test's runfiles")
   assert check_build.untargeted_files() == []
+  assert check_build.untiered_tests() == []

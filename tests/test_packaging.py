@@ -3,7 +3,7 @@
 One source each: the version (`ndq_tf/version.py`), the supported TensorFlow
 and Keras (`ndq_tf.distribute.tf_internals`, which refuses others at import),
 the oldest pair CI installs (the Makefile's `OLDEST`, `make test-oldest`) and
-the heavy tier (tests/BUILD's tags, read by tests/conftest.py). These tests
+the tiers (tests/BUILD's tags, read by tests/conftest.py). These tests
 keep pyproject.toml, the Makefile, the changelog and the code equal.
 """
 
@@ -126,7 +126,7 @@ def test_console_script_and_typing_marker():
   assert project["project"]["license"] == "Apache-2.0"
 
 
-def test_heavy_marker_mirrors_the_bazel_tags():
+def test_tier_markers_mirror_the_bazel_tags():
   build = """
 pytest_test(
     name = "test_a",
@@ -137,7 +137,7 @@ pytest_test(
 pytest_test(
     name = "test_b",
     srcs = ["test_b.py"],
-    tags = ["manual"],
+    tags = ["manual", "oldest", "quick"],
 )
 
 pytest_test(
@@ -145,14 +145,19 @@ pytest_test(
     srcs = ["test_c.py"],
 )
 """
-  assert conftest.heavy_test_files(build) == {"test_a.py"}
+  assert conftest.tiers_of_test_files(build) == {
+      "test_a.py": {"heavy"}, "test_b.py": {"oldest", "quick"},
+      "test_c.py": set()}
   text = (ROOT / "tests" / "BUILD").read_text()
-  heavy = conftest.heavy_test_files(text)
-  tagged = re.findall(r'^    tags = \["heavy"\],$', text, flags=re.M)
-  assert len(heavy) == len(tagged) > 0
-  for name in heavy:
+  tiers = conftest.tiers_of_test_files(text)
+  assert len(tiers) == text.count("\npytest_test(") > 0
+  for name, tags in tiers.items():
     assert (ROOT / "tests" / name).exists()
-  assert "heavy:" in (ROOT / "pytest.ini").read_text()
+    assert len(tags & {"quick", "heavy"}) == 1, (name, tags)
+  assert any("oldest" in tags for tags in tiers.values())
+  ini = (ROOT / "pytest.ini").read_text()
+  for tier in conftest.TIERS:
+    assert f"    {tier}:" in ini, tier
 
 
 def test_keras_saving_accepts_the_strategies_obj_type():

@@ -12,7 +12,9 @@ error fails CI although CI runs the tests with pytest, not Bazel:
 2. Every test file (tests/test_*.py, tests/*_test.py) is in the `srcs` of a
    `pytest_test`, and every other Python file of ndq_tf/ and tests/ is in the
    `srcs` or `data` of some target of its package. A file that Bazel does
-   not know would be left out of `make bazel-test` without a word.
+   not know would be left out of `make bazel-test` without a word. Each
+   `pytest_test` of tests/ has exactly one of the tier tags "quick" and
+   "heavy" (tests/conftest.py turns the tags into pytest markers).
 
 Step 2 reads the BUILD files as Python (Starlark's syntax is a subset), with
 each rule recording its arguments; step 1 has already proven them valid.
@@ -32,6 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 BAZEL_TEST = ROOT.parent / "shared" / "tools" / "bazel-test"
 # The packages whose Python files must all have a target.
 CHECKED = ("ndq_tf", "tests")
+TIERS = ("quick", "heavy")
 TEST_FILE = re.compile(r"^(test_.*|.*_test)\.py$")
 NOBUILD_END = "Couldn't start the build. Unable to run tests"
 
@@ -109,6 +112,19 @@ def untargeted_files(root=ROOT, packages=CHECKED):
   return problems
 
 
+def untiered_tests(root=ROOT):
+  """Messages for the `pytest_test` targets of tests/ without one tier tag."""
+  problems = []
+  build_file = root / "tests" / "BUILD"
+  for kind, kwargs in read_build(build_file):
+    tiers = set(kwargs.get("tags", ())) & set(TIERS)
+    if kind == "pytest_test" and len(tiers) != 1:
+      problems.append("//tests:%s: tagged %s, not exactly one of %s" % (
+          kwargs.get("name"), sorted(tiers) or "with no tier",
+          " and ".join(TIERS)))
+  return problems
+
+
 def bazel_analyze(root=ROOT):
   """Loads and analyzes //... with Bazel; returns (ok, Bazel's output)."""
   env = dict(os.environ)
@@ -140,12 +156,12 @@ def main(argv):
       failed = True
     else:
       print("check_build: Bazel loaded and analyzed //...")
-  problems = untargeted_files()
+  problems = untargeted_files() + untiered_tests()
   for problem in problems:
     print("check_build: " + problem)
   if not problems:
-    print("check_build: every Python file of %s has a target" %
-          " and ".join(CHECKED))
+    print("check_build: every Python file of %s has a target, and every "
+          "test target a tier" % " and ".join(CHECKED))
   return 1 if failed or problems else 0
 
 
