@@ -36,8 +36,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # CI runs as root.
 export PIP_ROOT_USER_ACTION := ignore
 
-.PHONY: venv test test-quick test-oldest demo bench bazel-test check-build \
-	lint-build clean
+.PHONY: venv venv-oldest test test-quick test-oldest coverage demo bench check-accuracy \
+	bazel-test check-build lint-build clean
 
 venv: $(STAMP)
 
@@ -52,13 +52,22 @@ test: venv
 	$(VPY) -m pytest tests $(PYTEST_ARGS)
 
 # The tiers are tests/BUILD's tags, as pytest markers (tests/conftest.py).
+# The whole suite's line coverage of ndq_tf/, worker processes included
+# (pyproject.toml's [tool.coverage.run]); pytest-cov is installed here only.
+coverage: venv
+	$(VPY) -m pip install --quiet pytest-cov
+	$(VPY) -m pytest tests $(PYTEST_ARGS) --cov --cov-report=term
+
 # The quick tier: the test files tagged "quick".
 test-quick: venv
 	$(VPY) -m pytest tests $(PYTEST_ARGS) -m quick
 
-# The oldest-versions tier (tag "oldest"), on the oldest supported versions.
-test-oldest:
+# The oldest supported versions' venv.
+venv-oldest:
 	$(MAKE) venv VENV=.venv-oldest EXTRAS=test PINS="$(OLDEST)"
+
+# The oldest-versions tier (tag "oldest"), on the oldest supported versions.
+test-oldest: venv-oldest
 	.venv-oldest/bin/python -m pytest tests $(PYTEST_ARGS) -m oldest
 
 demo: venv
@@ -69,6 +78,11 @@ bench: venv
 	set -e; for script in $(BENCHMARKS); do \
 	  echo "== $$script"; $(VPY) $$script; \
 	done
+
+# The accuracy claims that were tests (issue #31), with their thresholds:
+# exits 1 if one fails, and writes docs/accuracy_checks.md (about 3 minutes).
+check-accuracy: venv
+	$(VPY) benchmarks/check_accuracy.py
 
 bazel-test: venv
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(SHARED)/tools/bazel-test $(BAZEL_TARGETS)

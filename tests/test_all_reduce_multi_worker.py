@@ -16,7 +16,9 @@ process: a second `MultiWorkerMirroredStrategy` after a first one's
 program startup") in 4 of 5 such jobs run beside another job (never in
 the 2 run alone).
 
-* `p2`, `p4`: 10 steps with `transport="all_reduce"`;
+* `p2`: 10 steps with `transport="all_reduce"` (a `p4` between `p2` and
+  `p8` was dropped for time, issue #31: the lane widths of every P are
+  tests/test_lane_ops.py's);
 * `p8`: 10 steps with `transport="all_reduce"` on 8 workers;
 * `auto2`: 3 steps with `transport="auto"` on 2 workers, where the time
   model picks the all-gather (test_reduce_scatter_multi_worker.py's `p8`
@@ -82,7 +84,6 @@ FIRST_WAVE = {
     "p2": (2, "all_reduce", ["--steps", str(STEPS)]),
 }
 SECOND_WAVE = {
-    "p4": (4, "all_reduce", ["--steps", str(STEPS)]),
     "auto2": (2, "auto", ["--steps", str(AUTO_STEPS)]),
     "die": (2, "all_reduce", ["--steps", str(STEPS), "--die_at_step",
                               str(DIE_AT_STEP), "--die_worker", "1"]),
@@ -274,7 +275,7 @@ def _shapes():
           [worker.HIDDEN, worker.CLASSES], [worker.CLASSES]]
 
 
-@pytest.mark.parametrize("name", ["p2", "p4", "p8"])
+@pytest.mark.parametrize("name", ["p2", "p8"])
 def test_fit_all_reduce_keeps_workers_bitwise_identical(jobs, name):
   """10 `model.fit` steps summed as integer codes: the same weights.
 

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import ndq_tf
+from ndq_tf import ops
 from ndq_tf.distribute import fusion
 
 M = 3  # DitheredCodec(num_levels=3): 7 levels, step 1/3.
@@ -102,6 +103,45 @@ class TestFusedCoding:
     wire = fusion.encode_fused(nested, tensors, seed, plan)
     with pytest.raises(ValueError, match="side information"):
       fusion.decode_senders([nested], [wire], [seed], plan)
+
+  def test_nested_senders_get_the_mean_of_the_senders_before_them(self):
+    """Side information: the mean of every buffer decoded before the sender.
+
+    Checked against the codec's own decode given a mean computed here
+    (float32, in sender order), on one tensor of whole buckets (one
+    segment, seed folded with segment 0).
+    """
+    reference = ndq_tf.DitheredCodec(num_levels=3, bucket_size=64)
+    nested = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3,
+                                        bucket_size=64)
+    codecs = [reference, reference, nested, nested]
+    rng = np.random.default_rng(1)
+    common = rng.normal(size=256)
+    senders = [[tf.constant(common + 0.05 * rng.normal(size=256),
+                            tf.float32)] for _ in codecs]
+    plan = fusion.FusionPlan.from_tensors(senders[0], 64)
+    seeds = [fusion.derive_seed(tf.constant([3, 4]), 2, s)
+             for s in range(len(codecs))]
+    wires = [fusion.encode_fused(c, t, s, plan)
+             for c, t, s in zip(codecs, senders, seeds)]
+    decoded, side = fusion.decode_senders(codecs, wires, seeds, plan,
+                                          return_side_information=True)
+    assert side[0] is None and side[1] is None
+    for i in (2, 3):
+      before = [d.numpy() for d in decoded[:i]]
+      mean = before[0]
+      for d in before[1:]:
+        mean = mean + d
+      mean = mean / np.float32(i)
+      np.testing.assert_allclose(side[i].numpy(), mean, rtol=1e-6, atol=1e-7)
+      payload = nested.from_wire(wires[i], [256], tf.float32)
+      want = nested.decode(payload, ops.fold_seed(seeds[i], 0),
+                           side_information=tf.constant(mean))
+      np.testing.assert_allclose(decoded[i].numpy(), want.numpy(),
+                                 rtol=1e-6, atol=1e-6)
+      # And the nested codes decode close to what the sender had.
+      error = np.abs(decoded[i].numpy() - senders[i][0].numpy())
+      assert error.max() < 0.5, error.max()
 
   def test_different_steps_and_senders_give_different_seeds(self):
     base = tf.constant([0, 0])

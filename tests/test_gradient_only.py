@@ -70,8 +70,8 @@ def _bn_statistics(model):
 
 
 @functools.lru_cache(maxsize=None)
-def _tf_reference():
-  """TF's strategy on the sync-BN model: statistics after one step, accuracy.
+def _tf_reference_statistics():
+  """TF's strategy on the sync-BN model: the statistics after one step.
 
   Computed once for every parameter of the test below.
   """
@@ -79,57 +79,39 @@ def _tf_reference():
   model = _sync_bn_model(_tf_strategy())
   model.fit(x_offset[:128], y_offset[:128], batch_size=128, epochs=1,
             shuffle=False, verbose=0)
-  statistics = _bn_statistics(model)
-  x_train, x_test, y_train, y_test = _digits()
-  model = _sync_bn_model(_tf_strategy())
-  model.fit(x_train, y_train, batch_size=128, epochs=8, shuffle=False,
-            verbose=0)
-  accuracy = model.evaluate(x_test, y_test, verbose=0,
-                            return_dict=True)["accuracy"]
-  return statistics, accuracy
+  return _bn_statistics(model)
 
 
 @pytest.mark.parametrize("num_levels", [1, 3])
 def test_synchronized_batch_norm_statistics_match_tf_and_gradients_are_compressed(
     num_levels):
-  def make():
-    # The all-gather, whose wire bits per element the test bounds ("auto"
-    # sums M=3 codes of 4 replicas in 5-bit lanes instead).
-    return ndq_tf.MirroredStrategy(
-        codec=ndq_tf.DitheredCodec(num_levels=num_levels), devices=_devices(),
-        transport="all_gather")
+  """The statistics are TF's, and the gradients compressed, in one step.
 
-  reference_statistics, reference_accuracy = _tf_reference()
+  The accuracy after 8 epochs against TF's strategy (within 0.5 points) is
+  a measurement: `make check-accuracy` (benchmarks/check_accuracy.py,
+  sync_bn).
+  """
+  # The all-gather, whose wire bits per element the test bounds ("auto"
+  # sums M=3 codes of 4 replicas in 5-bit lanes instead).
+  strategy = ndq_tf.MirroredStrategy(
+      codec=ndq_tf.DitheredCodec(num_levels=num_levels), devices=_devices(),
+      transport="all_gather")
   # An offset makes the per-channel means large against their spread, so a
   # quantized sum would show (the issue's symptom: means off by several).
   x_offset, _, y_offset, _ = _digits(offset=5.0)
-  strategy = make()
   model = _sync_bn_model(strategy)
   # One step from the same initial weights: the batch statistics come from
   # the forward pass alone, before any compressed gradient is applied.
   model.fit(x_offset[:128], y_offset[:128], batch_size=128, epochs=1,
             shuffle=False, verbose=0)
-  for ours, theirs in zip(_bn_statistics(model), reference_statistics):
+  for ours, theirs in zip(_bn_statistics(model), _tf_reference_statistics()):
     # The issue's bound; the same lossless all-reduce gives the same floats.
     np.testing.assert_allclose(ours, theirs, rtol=1e-5)
   assert int(strategy.compression_step.numpy()) == 1
-
-  # Trained: accuracy as TF's strategy's, and the gradients compressed.
-  x_train, x_test, y_train, y_test = _digits()
-  strategy = make()
-  model = _sync_bn_model(strategy)
-  history = model.fit(x_train, y_train, batch_size=128, epochs=8,
-                      shuffle=False, verbose=0,
-                      callbacks=[ndq_tf.keras.CompressionStats()])
-  accuracy = model.evaluate(x_test, y_test, verbose=0,
-                            return_dict=True)["accuracy"]
-  # 450 test images: one image is 0.22 points.
-  assert abs(accuracy - reference_accuracy) <= 0.005 + 1e-9, (
-      accuracy, reference_accuracy)
-  bits = history.history["sent_bits_per_element"][-1]
+  stats = strategy.compression_stats()
+  bits = stats["sent_bits_per_element"]
   assert bits < (2.0 if num_levels == 1 else 3.5), bits
-  assert strategy.compression_stats()["compressed_elements"] == _compressible(
-      model)
+  assert stats["compressed_elements"] == _compressible(model)
 
 
 def _compressible(model):

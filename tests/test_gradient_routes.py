@@ -56,10 +56,23 @@ def _fresh_warnings():
   yield
 
 
+_RUNS = {}
+
+
+def _run(transport, route):
+  """`(strategy, result)` of `route` on a fresh strategy, run once per test
+  file and shared by the checks that only read it (not by those that count
+  warnings, which need a strategy of their own)."""
+  if (transport, route) not in _RUNS:
+    strategy = _strategy(transport)
+    _RUNS[transport, route] = strategy, routes.run_route(strategy, route)
+  return _RUNS[transport, route]
+
+
 @pytest.fixture(scope="module", params=TRANSPORTS)
 def keras3(request):
   """The Keras 3 route's results on the same model: the reference."""
-  return request.param, routes.run_route(_strategy(request.param), "keras3")
+  return request.param, _run(request.param, "keras3")[1]
 
 
 def _check_compressed(result, reference, transport):
@@ -87,7 +100,7 @@ def test_keras3_fit_compresses(keras3):
 def test_tf_keras_fit_compresses_with_the_same_bits(keras3):
   pytest.importorskip("tf_keras")
   transport, reference = keras3
-  result = routes.run_route(_strategy(transport), "tf_keras")
+  result = _run(transport, "tf_keras")[1]
   _check_compressed(result, reference, transport)
   # CompressionStats works as a tf_keras callback, with the same keys.
   for key in ("sent_bits_per_element", "compression_ratio",
@@ -97,7 +110,7 @@ def test_tf_keras_fit_compresses_with_the_same_bits(keras3):
 
 def test_low_level_batch_reduce_to_loop_compresses(keras3):
   transport, reference = keras3
-  result = routes.run_route(_strategy(transport), "low_level")
+  result = _run(transport, "low_level")[1]
   _check_compressed(result, reference, transport)
 
 
@@ -121,10 +134,16 @@ def test_low_level_reduce_to_per_gradient_compresses(keras3):
   assert not result["warnings"], result["warnings"]
 
 
-def test_legacy_tf_keras_fit_compresses_in_a_fresh_process(keras3):
-  """`tf.keras` with TF_USE_LEGACY_KERAS=1 (read when TF is imported)."""
+def test_legacy_tf_keras_fit_compresses_in_a_fresh_process():
+  """`tf.keras` with TF_USE_LEGACY_KERAS=1 (read when TF is imported).
+
+  On the all-gather only: which Keras computed the gradients is told apart
+  before any exchange, and tests/test_gradient_routes_multi_worker.py runs
+  this route on both exchanges.
+  """
   pytest.importorskip("tf_keras")
-  transport, reference = keras3
+  transport = "all_gather"
+  reference = _run(transport, "keras3")[1]
   env = multi_worker_job.env()
   env["TF_USE_LEGACY_KERAS"] = "1"
   out = subprocess.run(
@@ -140,7 +159,7 @@ def test_legacy_tf_keras_fit_compresses_in_a_fresh_process(keras3):
   _check_compressed(result, reference, transport)
   # The same model from the same seed trains to the same bits as tf_keras
   # imported directly: one Keras, two names.
-  direct = routes.run_route(_strategy(transport), "tf_keras")
+  direct = _run(transport, "tf_keras")[1]
   assert result["sha256"] == direct["sha256"]
 
 
@@ -182,7 +201,7 @@ def test_scoped_all_reduces_are_the_users_choice_and_not_warned(route,
 
 def test_low_level_loop_user_all_reduce_and_strategy_reduce_stay_exact():
   """Beside a compressed batch_reduce_to, other reductions equal TF's."""
-  strategy = _strategy("all_gather")
+  strategy = _run("all_gather", "low_level")[0]
   theirs = tf.distribute.MirroredStrategy(
       _devices(), cross_device_ops=tf.distribute.ReductionToOneDevice())
 
@@ -191,7 +210,6 @@ def test_low_level_loop_user_all_reduce_and_strategy_reduce_stay_exact():
         lambda ctx: tf.random.stateless_normal(
             [1000], [ctx.replica_id_in_sync_group, 3]))
 
-  routes.run_route(strategy, "low_level")
   for op in ("SUM", "MEAN"):
     np.testing.assert_array_equal(
         strategy.reduce(op, per_replica(strategy), axis=None).numpy(),
@@ -287,8 +305,7 @@ def test_tf_keras_loss_scale_optimizer_fit_compresses():
 
 
 def test_renamed_telemetry_keeps_deprecated_aliases():
-  strategy = _strategy("all_gather")
-  routes.run_route(strategy, "low_level")
+  strategy = _run("all_gather", "low_level")[0]
   ops = strategy.compressed_all_reduce
   stats = ops.stats()
   for name, want in (("last_wire_bits", stats["sent_bits"]),

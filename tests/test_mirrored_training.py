@@ -20,6 +20,7 @@ import ndq_tf.keras
 from ndq_tf.distribute.mirrored import MirroredStrategy
 
 import digits_recipe
+import multi_worker_job
 
 NUM_REPLICAS = 4
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,117 +102,127 @@ def test_fit_keeps_every_replica_bitwise_identical_and_counts_wire_bits():
   assert logs["sent_bits_per_element"][-1] < 32 / 4
 
 
-def _fit_digits(strategy, data):
-  """Test accuracy of the shared digits recipe (tests/digits_recipe.py)."""
-  model, _ = digits_recipe.fit(strategy, data)
-  _, x_test, _, y_test = data
-  return model.evaluate(x_test, y_test, verbose=0)[1]
+def test_digits_mlp_sends_ten_times_fewer_bits():
+  """DQSG M=3 on the digits recipe's MLP: at least 10x fewer gradient bits.
 
-
-def test_digits_dqsg_matches_float32_accuracy_with_10x_fewer_bits():
-  data = digits_recipe.load()
-  float32 = tf.distribute.MirroredStrategy(
-      _devices(), cross_device_ops=tf.distribute.ReductionToOneDevice())
-  reference = _fit_digits(float32, data)
+  All gradient bits count (the payloads and the small tensors sent
+  losslessly); they are the same at every step, so two steps show them.
+  The accuracy against float32 over the whole recipe is a measurement:
+  `make check-accuracy` (benchmarks/check_accuracy.py, dqsg_vs_float32).
+  """
+  x_train, _, y_train, _ = digits_recipe.load()
   # The all-gather's payloads: "auto" would sum these codes in 5-bit lanes
   # (fewer bits on the links, more per payload; tests/test_all_reduce.py).
   strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=3),
                               devices=_devices(), transport="all_gather")
-  accuracy = _fit_digits(strategy, data)
+  keras.utils.set_random_seed(1)
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((64,)),
+                              keras.layers.Dense(256, activation="relu"),
+                              keras.layers.Dense(10)])
+    model.compile(keras.optimizers.Adam(4e-3),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  model.fit(x_train[:256], y_train[:256], batch_size=128, epochs=1,
+            shuffle=False, verbose=0)
   stats = strategy.compression_stats()
-  print(f"float32 {reference:.4f}  dqsg {accuracy:.4f}  "
-        f"ratio {stats['compression_ratio']:.2f}  bits/elt "
-        f"{stats['sent_bits_per_element']:.3f}")
-  assert reference > 0.9
-  assert abs(accuracy - reference) <= 0.02
-  # All gradient bits (compressed payloads and lossless small tensors).
-  assert stats["compression_ratio"] >= 10.0
+  assert stats["exchange_count"] == 2
+  assert stats["compression_ratio"] >= 10.0, stats
+  _assert_replicas_identical(model.variables)
 
 
 _RESUME_SCRIPT = textwrap.dedent("""
     import os, sys
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
+    if __name__ == "__main__":
+      cpu = tf.config.list_physical_devices("CPU")[0]
+      tf.config.set_logical_device_configuration(
+          cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
     import keras
     import numpy as np
     import ndq_tf
     from ndq_tf.distribute.mirrored import MirroredStrategy
 
-    mode, work = sys.argv[1], sys.argv[2]
-    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:4]
-    strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=1),
-                                devices=devices, seed=5)
-    keras.utils.set_random_seed(3)
-    with strategy.scope():
-      model = keras.Sequential([keras.Input((16,)),
-                                keras.layers.Dense(64, activation="relu"),
-                                keras.layers.Dense(4)])
-      model.compile(keras.optimizers.Adam(1e-2), "mse")
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(320, 16)).astype("float32")
-    y = rng.normal(size=(320, 4)).astype("float32")
-    fit = dict(x=x, y=y, batch_size=32, shuffle=False, verbose=0)
-    backup = keras.callbacks.BackupAndRestore(os.path.join(work, "backup"),
-                                              delete_checkpoint=False)
 
-    class Interrupt(keras.callbacks.Callback):
-      def on_epoch_begin(self, epoch, logs=None):
-        if epoch == 1:
-          raise RuntimeError("interrupted")
-
-    ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-    if mode == "straight":
-      model.fit(epochs=2, **fit)
-    elif mode == "first":
-      try:
-        model.fit(epochs=2, callbacks=[backup, Interrupt()], **fit)
-      except RuntimeError:
-        pass
-      ckpt.save(os.path.join(work, "ckpt", "c"))
-    elif mode == "resume_checkpoint":
+    def run(mode, work):
+      devices = [d.name for d in tf.config.list_logical_devices("CPU")][:4]
+      strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=1),
+                                  devices=devices, seed=5)
+      keras.utils.set_random_seed(3)
       with strategy.scope():
-        model.optimizer.build(model.trainable_variables)
-      ckpt.restore(tf.train.latest_checkpoint(
-          os.path.join(work, "ckpt"))).assert_existing_objects_matched()
-      assert int(strategy.compressed_all_reduce.step.numpy()) == 10
-      model.fit(epochs=2, initial_epoch=1, **fit)
-    elif mode == "resume_backup":
-      model.fit(epochs=2, callbacks=[backup], **fit)
-    step = strategy.compressed_all_reduce.step.numpy()
-    np.savez(os.path.join(work, mode + ".npz"), step=step,
-             *[v.numpy() for v in model.weights])
+        model = keras.Sequential([keras.Input((16,)),
+                                  keras.layers.Dense(64, activation="relu"),
+                                  keras.layers.Dense(4)])
+        model.compile(keras.optimizers.Adam(1e-2), "mse")
+      rng = np.random.default_rng(0)
+      x = rng.normal(size=(320, 16)).astype("float32")
+      y = rng.normal(size=(320, 4)).astype("float32")
+      fit = dict(x=x, y=y, batch_size=32, shuffle=False, verbose=0)
+      backup = keras.callbacks.BackupAndRestore(os.path.join(work, "backup"),
+                                                delete_checkpoint=False)
+
+      class Interrupt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+          if epoch == 1:
+            raise RuntimeError("interrupted")
+
+      ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+      if mode == "straight":
+        model.fit(epochs=2, **fit)
+      elif mode == "first":
+        try:
+          model.fit(epochs=2, callbacks=[backup, Interrupt()], **fit)
+        except RuntimeError:
+          pass
+        ckpt.save(os.path.join(work, "ckpt", "c"))
+      elif mode == "resume_checkpoint":
+        with strategy.scope():
+          model.optimizer.build(model.trainable_variables)
+        ckpt.restore(tf.train.latest_checkpoint(
+            os.path.join(work, "ckpt"))).assert_existing_objects_matched()
+        assert int(strategy.compressed_all_reduce.step.numpy()) == 10
+        model.fit(epochs=2, initial_epoch=1, **fit)
+      elif mode == "resume_backup":
+        model.fit(epochs=2, callbacks=[backup], **fit)
+      step = strategy.compressed_all_reduce.step.numpy()
+      np.savez(os.path.join(work, mode + ".npz"), step=step,
+               *[v.numpy() for v in model.weights])
+
+
+    if __name__ == "__main__":
+      for mode in sys.argv[2:]:
+        run(mode, sys.argv[1])
 """)
 
 
-def _run(script, mode, work):
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-  return subprocess.Popen([sys.executable, script, mode, work], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
-
-
-def _wait(process, timeout=300):
-  try:
-    out, _ = process.communicate(timeout=timeout)
-  except subprocess.TimeoutExpired:
-    process.kill()
-    out, _ = process.communicate()
-    pytest.fail(f"timed out:\n{out[-3000:]}")
-  assert process.returncode == 0, out[-3000:]
-
-
 def test_resume_in_a_fresh_process_continues_bitwise(tmp_path):
+  """Interrupted here, resumed in a fresh process from a checkpoint and from
+  BackupAndRestore: the weights of the run that never stopped, to the bit.
+
+  The interrupted and the uninterrupted runs share this test's process (its
+  4 logical CPUs); the fresh process restores twice, once from each source,
+  while the uninterrupted run trains here.
+  """
   script = tmp_path / "resume.py"
   script.write_text(_RESUME_SCRIPT)
   work = str(tmp_path)
-  for pair in (("straight", "first"),
-               ("resume_checkpoint", "resume_backup")):
-    processes = [_run(str(script), mode, work) for mode in pair]
-    for process in processes:
-      _wait(process)
+  resume = multi_worker_job.load_script(str(script), "ndq_resume_script")
+  resume.run("first", work)
+  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+  fresh = subprocess.Popen(
+      [sys.executable, str(script), work, "resume_checkpoint",
+       "resume_backup"], env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True)
+  try:
+    resume.run("straight", work)
+  finally:
+    try:
+      out, _ = fresh.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+      fresh.kill()
+      out, _ = fresh.communicate()
+      pytest.fail(f"the fresh process timed out:\n{out[-3000:]}")
+  assert fresh.returncode == 0, out[-3000:]
   straight = np.load(tmp_path / "straight.npz")
   for mode in ("resume_checkpoint", "resume_backup"):
     resumed = np.load(tmp_path / f"{mode}.npz")

@@ -1,27 +1,30 @@
 """The reduce-scatter exchange (#18) on real worker processes.
 
 `ndq_tf.MultiWorkerMirroredStrategy(codec, transport="reduce_scatter")` in
-local jobs of 2, 4 and 8 workers on 127.0.0.1 (one CPU device each),
+local jobs of 2 and 8 workers on 127.0.0.1 (one CPU device each),
 started through `ndq_tf/launch.py`. Every worker runs the script of
 test_all_reduce_multi_worker.py (tests/multi_worker_scripts/
 all_reduce_worker.py: `model.fit` of a 32-64-2 MLP whose one compressed
 gradient, the 32x64 kernel, is 4 buckets: at 8 workers half the shards are
-empty). One job per P, two waves (at most 10 TensorFlow processes at a
-time):
+empty). One job per configuration, two waves (at most 10 TensorFlow
+processes at a time):
 
 * `p8`, `p2`: 10 steps; identical SHA-256 weights on every worker, the
   telemetry's transport and the cost model's link bits. `p8` asks for
   `transport="auto"`, which the time model resolves to the reduce-scatter
   on 8 worker processes on CPUs (`exchanges.auto`);
-* `p4`: the same; `die`: 2 workers, worker 1 exits with code 3 at the
-  start of step 5 and the launcher ends the job on every worker;
-  `nested2`: 2 workers, a nested group in the fixed mode (worker 0 sends
+* `nested2`: 2 workers, a nested group in the fixed mode (worker 0 sends
   DQSG, worker 1 NDQSG decoded with worker 0's shard as side
   information), 5 steps: identical weights, and worker 1 counts its
   statistics over its own shard (2 of the 4 buckets); `feedback2`: `p2`
   with `reduce_scatter_error_feedback=True`: identical weights, the same
   bits on the link, and weights other than `p2`'s (the residual is fed
   back).
+
+A `p4` and a `die` job (2 workers, worker 1 exits at step 5) were dropped
+for time (issue #31): `p2` and `p8` bracket `p4`, and the launcher ends a
+job whose worker dies whatever the exchange
+(test_all_reduce_multi_worker.py's `die`).
 """
 
 import math
@@ -43,15 +46,9 @@ REFERENCE_CODEC = "dqsg:num_levels=1"
 NESTED_STEPS = 5
 WAVES = (
     {"p8": (8, "auto", _STEPS), "p2": (2, TRANSPORT, _STEPS)},
-    {"p4": (4, TRANSPORT, _STEPS),
-     "die": (2, TRANSPORT, _STEPS + [
-         "--die_at_step", str(all_reduce_jobs.DIE_AT_STEP),
-         "--die_worker", "1"]),
-     # In the second wave's 8 processes, beside `p4`: no extra wall time.
-     "nested2": (2, TRANSPORT, [
+    {"nested2": (2, TRANSPORT, [
          "--steps", str(NESTED_STEPS), "--codec", NESTED_CODEC,
          "--reference_codec", REFERENCE_CODEC]),
-     # The tenth process of the wave.
      "feedback2": (2, TRANSPORT, _STEPS + ["--error_feedback"])},
 )
 JOBS = {name: job for wave in WAVES for name, job in wave.items()}
@@ -62,14 +59,14 @@ JOBS = {name: job for wave in WAVES for name, job in wave.items()}
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
   started = all_reduce_jobs._Jobs(  # pylint: disable=protected-access
-      tmp_path_factory, WAVES, failing=("die",), prefix="reduce_scatter")
+      tmp_path_factory, WAVES, failing=(), prefix="reduce_scatter")
   try:
     yield started
   finally:
     started.stop()
 
 
-@pytest.mark.parametrize("name", ["p2", "p4", "p8"])
+@pytest.mark.parametrize("name", ["p2", "p8"])
 def test_fit_keeps_workers_bitwise_identical_with_the_models_bits(jobs, name):
   """10 `model.fit` steps: the same weights, the telemetry, the model's bits.
 
@@ -84,18 +81,6 @@ def test_fit_keeps_workers_bitwise_identical_with_the_models_bits(jobs, name):
   assert len(results) == num_workers
   all_reduce_jobs._check_training(  # pylint: disable=protected-access
       results, num_workers, TRANSPORT, STEPS)
-
-
-def test_dying_worker_stops_the_job_on_every_worker(jobs):
-  run = jobs["die"]
-  code, output = run.result()
-  assert code == 3, output[-5000:]  # The dying worker's code.
-  step = all_reduce_jobs.DIE_AT_STEP
-  assert f"worker 1 dies at step {step}" in output, output[-5000:]
-  assert "[launch] worker 1 failed with exit code 3" in output, output[-5000:]
-  assert f"] {all_reduce_jobs.MARKER} {{" not in output  # Nobody finished.
-  died = all_reduce_jobs._died_at(output)  # pylint: disable=protected-access
-  assert run.ended - died < all_reduce_jobs.STOP_WITHIN, output[-5000:]
 
 
 def test_nested_group_keeps_workers_bitwise_identical(jobs):
