@@ -1,18 +1,18 @@
 """The reduce-scatter exchange (#18) on real worker processes.
 
 `ndq_tf.MultiWorkerMirroredStrategy(codec, transport="reduce_scatter")` in
-local jobs of 2 and 8 workers on 127.0.0.1 (one CPU device each),
+local jobs of 2 and 3 workers on 127.0.0.1 (one CPU device each),
 started through `ndq_tf/launch.py`. Every worker runs the script of
 test_all_reduce_multi_worker.py (tests/multi_worker_scripts/
 all_reduce_worker.py: `model.fit` of a 32-64-2 MLP whose one compressed
-gradient, the 32x64 kernel, is 4 buckets: at 8 workers half the shards are
-empty). One job per configuration, two waves (at most 10 TensorFlow
+gradient, the 32x64 kernel, is 4 buckets: at 3 workers the shards are 2,
+1 and 1 buckets; empty shards are tests/test_reduce_scatter.py's). One job per configuration, two waves (at most 10 TensorFlow
 processes at a time):
 
-* `p8`, `p2`: 10 steps; identical SHA-256 weights on every worker, the
-  telemetry's transport and the cost model's link bits. `p8` asks for
+* `p3`, `p2`: 10 steps; identical SHA-256 weights on every worker, the
+  telemetry's transport and the cost model's link bits. `p3` asks for
   `transport="auto"`, which the time model resolves to the reduce-scatter
-  on 8 worker processes on CPUs (`exchanges.auto`);
+  on 3 or more worker processes on CPUs (`exchanges.auto`);
 * `nested2`: 2 workers, a nested group in the fixed mode (worker 0 sends
   DQSG, worker 1 NDQSG decoded with worker 0's shard as side
   information), 5 steps: identical weights, and worker 1 counts its
@@ -21,10 +21,10 @@ processes at a time):
   bits on the link, and weights other than `p2`'s (the residual is fed
   back).
 
-A `p4` and a `die` job (2 workers, worker 1 exits at step 5) were dropped
-for time (issue #31): `p2` and `p8` bracket `p4`, and the launcher ends a
-job whose worker dies whatever the exchange
-(test_all_reduce_multi_worker.py's `die`).
+Jobs of 4 and 8 workers and a `die` job (2 workers, worker 1 exits at step
+5) were dropped for time (issue #31): 8 TensorFlow processes cost about as
+much CPU as the rest of the file, and the launcher ends a job whose worker
+dies whatever the exchange (test_all_reduce_multi_worker.py's `die`).
 """
 
 import math
@@ -45,7 +45,7 @@ NESTED_CODEC = "ndqsg:num_levels=3,coarse_ratio=3"
 REFERENCE_CODEC = "dqsg:num_levels=1"
 NESTED_STEPS = 5
 WAVES = (
-    {"p8": (8, "auto", _STEPS), "p2": (2, TRANSPORT, _STEPS)},
+    {"p3": (3, "auto", _STEPS), "p2": (2, TRANSPORT, _STEPS)},
     {"nested2": (2, TRANSPORT, [
          "--steps", str(NESTED_STEPS), "--codec", NESTED_CODEC,
          "--reference_codec", REFERENCE_CODEC]),
@@ -66,7 +66,7 @@ def jobs(tmp_path_factory):
     started.stop()
 
 
-@pytest.mark.parametrize("name", ["p2", "p8"])
+@pytest.mark.parametrize("name", ["p2", "p3"])
 def test_fit_keeps_workers_bitwise_identical_with_the_models_bits(jobs, name):
   """10 `model.fit` steps: the same weights, the telemetry, the model's bits.
 
