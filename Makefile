@@ -36,8 +36,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # CI runs as root.
 export PIP_ROOT_USER_ACTION := ignore
 
-.PHONY: venv venv-oldest test test-quick test-oldest coverage demo bench check-accuracy \
-	bazel-test check-build lint-build clean
+.PHONY: venv venv-oldest test test-quick test-oldest coverage demo bench \
+	check-accuracy bazel-test check-build lint-build clean
 
 venv: $(STAMP)
 
@@ -51,13 +51,13 @@ $(STAMP): pyproject.toml
 test: venv
 	$(VPY) -m pytest tests $(PYTEST_ARGS)
 
-# The tiers are tests/BUILD's tags, as pytest markers (tests/conftest.py).
 # The whole suite's line coverage of ndq_tf/, worker processes included
 # (pyproject.toml's [tool.coverage.run]); pytest-cov is installed here only.
 coverage: venv
 	$(VPY) -m pip install --quiet pytest-cov
 	$(VPY) -m pytest tests $(PYTEST_ARGS) --cov --cov-report=term
 
+# The tiers are tests/BUILD's tags, as pytest markers (tests/conftest.py).
 # The quick tier: the test files tagged "quick".
 test-quick: venv
 	$(VPY) -m pytest tests $(PYTEST_ARGS) -m quick

@@ -2,7 +2,7 @@
 
 * `split_cpu`: one CPU as N logical devices, the replicas of a
   `MirroredStrategy` on a machine without accelerators.
-* `load_digits` and `fit_digits_mlp`: the digits MLP recipe (scikit-learn's
+* `load_digits`, `digits_mlp` and `fit_digits_mlp`: the digits MLP recipe (scikit-learn's
   digits, MLP 64-256-10, Adam 4e-3, batch 128, 8 epochs, Keras seed 1 unless
   told). benchmarks/nested_digits.py trains it, and the training tests
   (tests/test_mirrored_training.py, tests/test_nested_allreduce.py) assert
@@ -22,7 +22,8 @@ Example:
       data)
 """
 
-__all__ = ["split_cpu", "load_digits", "fit_digits_mlp", "synthetic_mlp"]
+__all__ = ["split_cpu", "load_digits", "digits_mlp", "fit_digits_mlp",
+           "synthetic_mlp"]
 
 
 def split_cpu(num_devices):
@@ -65,20 +66,17 @@ def load_digits():
       x, data.target, test_size=0.25, random_state=0, stratify=data.target)
 
 
-def fit_digits_mlp(strategy, data, seed=1, callbacks=None):
-  """Trains the digits MLP under `strategy`.
+def digits_mlp(strategy, seed=1):
+  """The digits recipe's MLP (64-256-10, Adam 4e-3), compiled in `strategy`.
 
   Args:
     strategy: a `tf.distribute.Strategy`; the model is built in its scope.
-    data: the tuple of `load_digits`.
     seed: Keras' seed (initial weights, batch order).
-    callbacks: list of `keras.callbacks.Callback` for `model.fit`, or None.
 
   Returns:
-    `(model, history)` after 8 epochs of Adam(4e-3) at batch 128.
+    The compiled `keras.Sequential`, with the metric "accuracy".
   """
   import keras  # pylint: disable=g-import-not-at-top
-  x_train, _, y_train, _ = data
   keras.utils.set_random_seed(seed)
   with strategy.scope():
     model = keras.Sequential([
@@ -89,6 +87,23 @@ def fit_digits_mlp(strategy, data, seed=1, callbacks=None):
     model.compile(keras.optimizers.Adam(4e-3),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
+  return model
+
+
+def fit_digits_mlp(strategy, data, seed=1, callbacks=None):
+  """Trains the digits MLP (`digits_mlp`) under `strategy`.
+
+  Args:
+    strategy: a `tf.distribute.Strategy`; the model is built in its scope.
+    data: the tuple of `load_digits`.
+    seed: Keras' seed (initial weights, batch order).
+    callbacks: list of `keras.callbacks.Callback` for `model.fit`, or None.
+
+  Returns:
+    `(model, history)` after 8 epochs of Adam(4e-3) at batch 128.
+  """
+  x_train, _, y_train, _ = data
+  model = digits_mlp(strategy, seed)
   history = model.fit(x_train, y_train, batch_size=128, epochs=8,
                       shuffle=True, verbose=0, callbacks=callbacks)
   return model, history

@@ -12,7 +12,7 @@ names the tests use.
 import importlib.util
 import os
 
-__all__ = ["load", "fit"]
+__all__ = ["load", "model", "fit"]
 
 
 def _benchmarks_common():
@@ -34,5 +34,7 @@ _common = _benchmarks_common()
 
 #: `() -> (x_train, x_test, y_train, y_test)`: a fixed stratified 75/25 split.
 load = _common.load_digits
+#: `(strategy, seed=1) -> model`: the recipe's MLP, compiled, untrained.
+model = _common.digits_mlp
 #: `(strategy, data, seed=1, callbacks=None) -> (model, history)`.
 fit = _common.fit_digits_mlp

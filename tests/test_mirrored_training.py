@@ -115,13 +115,7 @@ def test_digits_mlp_sends_ten_times_fewer_bits():
   # (fewer bits on the links, more per payload; tests/test_all_reduce.py).
   strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=3),
                               devices=_devices(), transport="all_gather")
-  keras.utils.set_random_seed(1)
-  with strategy.scope():
-    model = keras.Sequential([keras.Input((64,)),
-                              keras.layers.Dense(256, activation="relu"),
-                              keras.layers.Dense(10)])
-    model.compile(keras.optimizers.Adam(4e-3),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  model = digits_recipe.model(strategy)
   model.fit(x_train[:256], y_train[:256], batch_size=128, epochs=1,
             shuffle=False, verbose=0)
   stats = strategy.compression_stats()

@@ -514,13 +514,7 @@ def _fit_digits_steps(strategy, seed=1, steps=3):
   """`steps` steps of the digits recipe's model (tests/digits_recipe.py);
   checks that the replicas end bitwise identical and the loss finite."""
   x_train, _, y_train, _ = digits_recipe.load()
-  keras.utils.set_random_seed(seed)
-  with strategy.scope():
-    model = keras.Sequential([keras.Input((64,)),
-                              keras.layers.Dense(256, activation="relu"),
-                              keras.layers.Dense(10)])
-    model.compile(keras.optimizers.Adam(4e-3),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  model = digits_recipe.model(strategy, seed)
   history = model.fit(x_train[:128 * steps], y_train[:128 * steps],
                       batch_size=128, epochs=1, shuffle=False, verbose=0)
   for variable in model.variables:
