@@ -126,23 +126,11 @@ def _nested_half(report, devices, data):
                mean >= -0.005)
 
 
-def _sync_bn_fit(strategy, data, callbacks=None):
-  import keras  # pylint: disable=g-import-not-at-top
+def _sync_bn_fit(strategy, data):
   x_train, _, y_train, _ = data
-  keras.utils.set_random_seed(0)
-  with strategy.scope():
-    model = keras.Sequential([
-        keras.Input((64,)),
-        keras.layers.Dense(256),
-        keras.layers.BatchNormalization(synchronized=True, momentum=0.5),
-        keras.layers.ReLU(),
-        keras.layers.Dense(10),
-    ])
-    model.compile(keras.optimizers.Adam(4e-3),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+  model = common.sync_bn_mlp(strategy)
   model.fit(x_train, y_train, batch_size=128, epochs=8, shuffle=False,
-            verbose=0, callbacks=callbacks)
+            verbose=0)
   return _accuracy(model, data)
 
 

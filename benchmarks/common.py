@@ -2,9 +2,10 @@
 
 * `split_cpu`: one CPU as N logical devices, the replicas of a
   `MirroredStrategy` on a machine without accelerators.
-* `load_digits`, `digits_mlp` and `fit_digits_mlp`: the digits MLP recipe (scikit-learn's
-  digits, MLP 64-256-10, Adam 4e-3, batch 128, 8 epochs, Keras seed 1 unless
-  told). benchmarks/nested_digits.py trains it, and the training tests
+* `load_digits`, `digits_mlp` and `fit_digits_mlp`: the digits MLP recipe
+  (scikit-learn's digits, MLP 64-256-10, Adam 4e-3, batch 128, 8 epochs,
+  Keras seed 1 unless told); `sync_bn_mlp`, the same MLP with a synchronized
+  BatchNormalization. benchmarks/nested_digits.py trains it, and the training tests
   (tests/test_mirrored_training.py, tests/test_nested_allreduce.py) assert
   accuracies with it through tests/digits_recipe.py, so every change to the
   model, the split or the seeds changes those tests' numbers.
@@ -22,8 +23,8 @@ Example:
       data)
 """
 
-__all__ = ["split_cpu", "load_digits", "digits_mlp", "fit_digits_mlp",
-           "synthetic_mlp"]
+__all__ = ["split_cpu", "load_digits", "digits_mlp", "sync_bn_mlp",
+           "fit_digits_mlp", "synthetic_mlp"]
 
 
 def split_cpu(num_devices):
@@ -82,6 +83,37 @@ def digits_mlp(strategy, seed=1):
     model = keras.Sequential([
         keras.Input((64,)),
         keras.layers.Dense(256, activation="relu"),
+        keras.layers.Dense(10),
+    ])
+    model.compile(keras.optimizers.Adam(4e-3),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+  return model
+
+
+def sync_bn_mlp(strategy, seed=0):
+  """The digits MLP with a synchronized BatchNormalization, compiled.
+
+  64-256-10 with `BatchNormalization(synchronized=True, momentum=0.5)` and a
+  ReLU after the hidden layer, Adam 4e-3: the model whose statistics must be
+  the global batch's (tests/test_gradient_only.py, and `make check-accuracy`'s
+  sync_bn check).
+
+  Args:
+    strategy: a `tf.distribute.Strategy`; the model is built in its scope.
+    seed: Keras' seed (initial weights).
+
+  Returns:
+    The compiled `keras.Sequential`, with the metric "accuracy".
+  """
+  import keras  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(seed)
+  with strategy.scope():
+    model = keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(256),
+        keras.layers.BatchNormalization(synchronized=True, momentum=0.5),
+        keras.layers.ReLU(),
         keras.layers.Dense(10),
     ])
     model.compile(keras.optimizers.Adam(4e-3),

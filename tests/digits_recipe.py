@@ -12,7 +12,7 @@ names the tests use.
 import importlib.util
 import os
 
-__all__ = ["load", "model", "fit"]
+__all__ = ["load", "model", "sync_bn_model", "fit"]
 
 
 def _benchmarks_common():
@@ -36,5 +36,7 @@ _common = _benchmarks_common()
 load = _common.load_digits
 #: `(strategy, seed=1) -> model`: the recipe's MLP, compiled, untrained.
 model = _common.digits_mlp
+#: `(strategy, seed=0) -> model`: the MLP with a synchronized BatchNorm.
+sync_bn_model = _common.sync_bn_mlp
 #: `(strategy, data, seed=1, callbacks=None) -> (model, history)`.
 fit = _common.fit_digits_mlp

@@ -16,6 +16,8 @@ import tensorflow as tf
 import ndq_tf
 import ndq_tf.keras
 
+import digits_recipe
+
 NUM_REPLICAS = 4
 
 
@@ -36,22 +38,6 @@ def _tf_strategy():
 
 def _first(value):
   return value.values[0] if hasattr(value, "values") else value
-
-
-def _sync_bn_model(strategy, seed=0):
-  keras.utils.set_random_seed(seed)
-  with strategy.scope():
-    model = keras.Sequential([
-        keras.Input((64,)),
-        keras.layers.Dense(256),
-        keras.layers.BatchNormalization(synchronized=True, momentum=0.5),
-        keras.layers.ReLU(),
-        keras.layers.Dense(10),
-    ])
-    model.compile(keras.optimizers.Adam(4e-3),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-  return model
 
 
 def _digits(offset=0.0):
@@ -76,7 +62,7 @@ def _tf_reference_statistics():
   Computed once for every parameter of the test below.
   """
   x_offset, _, y_offset, _ = _digits(offset=5.0)
-  model = _sync_bn_model(_tf_strategy())
+  model = digits_recipe.sync_bn_model(_tf_strategy())
   model.fit(x_offset[:128], y_offset[:128], batch_size=128, epochs=1,
             shuffle=False, verbose=0)
   return _bn_statistics(model)
@@ -99,7 +85,7 @@ def test_synchronized_batch_norm_statistics_match_tf_and_gradients_are_compresse
   # An offset makes the per-channel means large against their spread, so a
   # quantized sum would show (the issue's symptom: means off by several).
   x_offset, _, y_offset, _ = _digits(offset=5.0)
-  model = _sync_bn_model(strategy)
+  model = digits_recipe.sync_bn_model(strategy)
   # One step from the same initial weights: the batch statistics come from
   # the forward pass alone, before any compressed gradient is applied.
   model.fit(x_offset[:128], y_offset[:128], batch_size=128, epochs=1,
@@ -123,10 +109,10 @@ def _compressible(model):
 def test_metrics_and_strategy_reduce_equal_tf_bitwise():
   x_train, x_test, y_train, y_test = _digits()
   del x_train, y_train
-  reference = _sync_bn_model(_tf_strategy())
+  reference = digits_recipe.sync_bn_model(_tf_strategy())
   strategy = ndq_tf.MirroredStrategy(
       codec=ndq_tf.DitheredCodec(num_levels=1), devices=_devices())
-  model = _sync_bn_model(strategy)
+  model = digits_recipe.sync_bn_model(strategy)
   model.set_weights(reference.get_weights())
   ours = model.evaluate(x_test, y_test, batch_size=64, verbose=0,
                         return_dict=True)
