@@ -29,6 +29,7 @@ methods that test classes inherit from TensorFlow are deselected.
 import os
 import pathlib
 import re
+import resource
 import time
 
 import pytest
@@ -138,12 +139,44 @@ SLOW_TEST_SECONDS = 30.0
 TEST_BUDGET_SECONDS = 60.0
 
 _durations = {}
+# CPU seconds of each test: its own process's and its finished child
+# processes' (a launcher's count includes its workers', which it waits for).
+# A test whose wall time far exceeds both waited: on a lock, a timeout, or
+# TF 2.21's distributed iterators, whose destruction can stall for minutes.
+_cpu = {}
 _START = time.monotonic()  # When pytest loaded this file, before TF loads.
+_CPU_PROPERTY = "cpu_seconds"
+
+
+def _cpu_seconds():
+  own = resource.getrusage(resource.RUSAGE_SELF)
+  children = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return (own.ru_utime + own.ru_stime,
+          children.ru_utime + children.ru_stime)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  outcome = yield
+  if call.when == "teardown":
+    start = getattr(item, "_ndq_cpu_start", None)
+    if start is not None:
+      now = _cpu_seconds()
+      outcome.get_result().user_properties.append(
+          (_CPU_PROPERTY, [b - a for a, b in zip(start, now)]))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+  item._ndq_cpu_start = _cpu_seconds()  # pylint: disable=protected-access
 
 
 def pytest_runtest_logreport(report):
   _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + (
       report.duration)
+  for name, value in report.user_properties:
+    if name == _CPU_PROPERTY:
+      _cpu[report.nodeid] = tuple(value)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -159,7 +192,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
   for seconds, nodeid in slow:
     flag = "  OVER %.0f s" % TEST_BUDGET_SECONDS if (
         seconds > TEST_BUDGET_SECONDS) else ""
-    write("%7.1f s  %s%s" % (seconds, nodeid, flag))
+    own, children = _cpu.get(nodeid, (0.0, 0.0))
+    write("%7.1f s  %s (CPU: %.1f s own, %.1f s child processes)%s"
+          % (seconds, nodeid, own, children, flag))
   write("%d tests: %.1f s of test time, %.1f s of wall time; %d over %.0f s"
         % (len(_durations), sum(_durations.values()),
            time.monotonic() - _START, len(slow), SLOW_TEST_SECONDS))
+  if _cpu:
+    write("CPU: %.1f s in the test processes, %.1f s in their child "
+          "processes" % tuple(sum(c[i] for c in _cpu.values())
+                              for i in range(2)))

@@ -185,9 +185,27 @@ def _custom_loop(strategy, route):
       return ctx.all_reduce(tf.distribute.ReduceOp.SUM, loss)
     return strategy.run(fn, args=(x, y))
 
-  for x, y in strategy.experimental_distribute_dataset(_dataset()):
+  for x, y in _batches(strategy):
     step(x, y)
   return variables, {}
+
+
+def _batches(strategy):
+  """The custom loops' `STEPS` global batches, split among the replicas.
+
+  Not a distributed `tf.data` iterator: on TF 2.21, destroying one can stall
+  for up to minutes on CPUs (its autotune threads are not woken), and the
+  routes are about the gradients, not the input pipeline.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  x, y = _data()
+  size = GLOBAL_BATCH // strategy.num_replicas_in_sync
+  for step in range(STEPS):
+    def value_fn(ctx, step=step):
+      start = step * GLOBAL_BATCH + ctx.replica_id_in_sync_group * size
+      return (tf.constant(x[start:start + size]),
+              tf.constant(y[start:start + size]))
+    yield strategy.experimental_distribute_values_from_function(value_fn)
 
 
 def _counters(strategy):
