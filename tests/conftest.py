@@ -141,8 +141,10 @@ TEST_BUDGET_SECONDS = 60.0
 _durations = {}
 # CPU seconds of each test: its own process's and its finished child
 # processes' (a launcher's count includes its workers', which it waits for).
-# A test whose wall time far exceeds both waited: on a lock, a timeout, or
-# TF 2.21's distributed iterators, whose destruction can stall for minutes.
+# A test whose wall time far exceeds both waited: for the other xdist
+# worker's processes, a timeout, or a tf.data iterator's destruction, which
+# waits for its autotuning thread's next wake-up (up to minutes for a
+# distributed iterator; seen on TF 2.18 and 2.21).
 _cpu = {}
 _START = time.monotonic()  # When pytest loaded this file, before TF loads.
 _CPU_PROPERTY = "cpu_seconds"

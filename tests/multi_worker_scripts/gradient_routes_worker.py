@@ -193,9 +193,10 @@ def _custom_loop(strategy, route):
 def _batches(strategy):
   """The custom loops' `STEPS` global batches, split among the replicas.
 
-  Not a distributed `tf.data` iterator: on TF 2.21, destroying one can stall
-  for up to minutes on CPUs (its autotune threads are not woken), and the
-  routes are about the gradients, not the input pipeline.
+  Not a distributed `tf.data` iterator: destroying one waits for its
+  autotuning threads' next wake-up, up to minutes (TF 2.18 and 2.21, stock
+  `tf.distribute.MirroredStrategy` too), and the routes are about the
+  gradients, not the input pipeline.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   x, y = _data()
