@@ -1,0 +1,107 @@
+"""benchmarks/accuracy_vs_bits.py on a tiny configuration.
+
+The char workload's smoke recipe (`TINY_RECIPES`: 3 steps of a width-16
+model, here without its transformer block) on a corpus of a few generated
+Python files, one seed, float32 and ternary DQSG: each run stores its JSON,
+a rerun trains nothing, and the report is written from the files alone.
+What the numbers are is the benchmark's business, not the test's.
+"""
+
+import dataclasses
+import math
+import os
+import sys
+
+import pytest
+import tensorflow as tf
+
+_BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "benchmarks")
+# The benchmark scripts import their neighbours by name (`import common`).
+if _BENCHMARKS not in sys.path:
+  sys.path.insert(0, _BENCHMARKS)
+
+import accuracy_report  # pylint: disable=wrong-import-position
+import accuracy_vs_bits  # pylint: disable=wrong-import-position
+import accuracy_workloads  # pylint: disable=wrong-import-position
+
+_ROWS = ["float32", "dqsg1"]
+
+
+def _corpus(folder):
+  """Six small Python files; with `test_every=2`, three are held out."""
+  folder.mkdir()
+  for i in range(6):
+    body = "".join(f"def f_{i}_{k}(x):\n\treturn x * {k} + {i}  # ok\n"
+                   for k in range(30))
+    (folder / f"module_{i}.py").write_text(body)
+  return str(folder)
+
+
+def _devices():
+  return [d.name for d in tf.config.list_logical_devices("CPU")][
+      :accuracy_vs_bits.NUM_REPLICAS]
+
+
+def test_runs_are_stored_skipped_on_rerun_and_reported(tmp_path):
+  corpus = _corpus(tmp_path / "corpus")
+  runs_dir = str(tmp_path / "runs")
+  # No transformer block: tracing one on 4 replicas costs seconds per
+  # codec, and what is tested here is the storing, skipping and reporting
+  # (`--tiny` runs the block).
+  recipes = {"chars": dataclasses.replace(
+      accuracy_workloads.TINY_RECIPES["chars"], blocks=0)}
+
+  def grid():
+    return accuracy_vs_bits.run_grid(["chars"], _ROWS, [0], _devices(),
+                                     runs_dir, recipes, corpus_dir=corpus,
+                                     log=lambda message: None)
+
+  first = grid()
+  assert len(first["trained"]) == 2 and not first["skipped"]
+  runs = {r["config"]["row"]["name"]: r
+          for r in accuracy_report.load_runs(runs_dir)}
+  assert sorted(runs) == sorted(_ROWS)
+  for r in runs.values():
+    assert math.isfinite(r["metric"]) and r["metric"] > 0
+    assert r["transport"] == "all_gather"
+    assert r["steps"] == recipes["chars"].steps
+    assert r["model_exchange_ms"]["0.1"] > r["model_exchange_ms"]["1"] > 0
+  assert runs["float32"]["bits_per_element"] == 32.0
+  assert 1.0 < runs["dqsg1"]["bits_per_element"] < 8.0
+
+  second = grid()
+  assert not second["trained"]
+  assert sorted(second["skipped"]) == sorted(first["trained"])
+
+  md, png = accuracy_report.write_report(runs_dir, str(tmp_path / "report"))
+  text = open(md).read()
+  assert "DQSG M=1" in text and "bits per character" in text
+  with open(png, "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_key_changes_with_seed_recipe_and_code():
+  row = accuracy_vs_bits.ROWS[0]
+  recipe = accuracy_workloads.TINY_RECIPES["chars"]
+  _, key = accuracy_vs_bits.run_key("chars", recipe, row, 0, "abc")
+  others = [
+      accuracy_vs_bits.run_key("chars", recipe, row, 1, "abc")[1],
+      accuracy_vs_bits.run_key("chars", dataclasses.replace(recipe, steps=4),
+                               row, 0, "abc")[1],
+      accuracy_vs_bits.run_key("chars", recipe, row, 0, "abd")[1],
+      accuracy_vs_bits.run_key("chars", recipe, accuracy_vs_bits.ROWS[1], 0,
+                               "abc")[1],
+  ]
+  assert key not in others and len(set(others)) == len(others)
+
+
+def test_unknown_row_names_the_value():
+  with pytest.raises(ValueError, match="nope"):
+    accuracy_vs_bits.run_grid(["chars"], ["nope"], [0], _devices(), "/tmp",
+                              accuracy_workloads.TINY_RECIPES)
+
+
+def test_report_without_runs_names_the_folder(tmp_path):
+  with pytest.raises(FileNotFoundError, match="runs_dir"):
+    accuracy_report.write_report(str(tmp_path), str(tmp_path))
