@@ -15,30 +15,24 @@ order) before averaging, which removes the seed's own variation.
 """
 
 import collections
-import glob
 import json
 import os
 import statistics
 
-__all__ = ["MARKDOWN", "PNG", "load_runs", "select", "summarize",
-           "write_report"]
+# benchmarks/*.py, next to this script; neither imports TensorFlow.
+import accuracy_workloads
+import common
+
+__all__ = ["MARKDOWN", "PNG", "select", "summarize", "write_report"]
 
 MARKDOWN = "accuracy_vs_bits.md"
 PNG = "accuracy_vs_bits.png"
 
 _TITLES = {"vision": "Fashion-MNIST CNN", "chars": "character transformer"}
-#: Whether a larger metric is better (accuracy_workloads.METRICS' flag; not
-#: imported, so that the report needs no benchmark module).
-METRICS_HIGHER_IS_BETTER = {"vision": True, "chars": False}
 
 
-def load_runs(runs_dir):
-  """Every run JSON of `runs_dir`, sorted by file name."""
-  runs = []
-  for path in sorted(glob.glob(os.path.join(runs_dir, "*.json"))):
-    with open(path) as f:
-      runs.append(json.load(f))
-  return runs
+def _higher_is_better(workload):
+  return accuracy_workloads.METRICS.get(workload, ("", True))[1]
 
 
 def _version(run):
@@ -107,7 +101,7 @@ def summarize(runs):
 def _table(workload, runs, summary):
   r0 = runs[0]
   metric_name = r0["metric_name"]
-  higher = METRICS_HIGHER_IS_BETTER.get(workload, True)
+  higher = _higher_is_better(workload)
   digits = 4
   links = list(summary[0]["model_ms"])
   header = ["row", "codec", "exchange", "seeds", f"{metric_name}",
@@ -149,7 +143,7 @@ def _table(workload, runs, summary):
           f"{'better' if higher else 'worse'}.", ""] + lines + [""]
 
 
-def _plot(selected, path):
+def _plot(selected, summaries, path):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -157,7 +151,7 @@ def _plot(selected, path):
   fig, axes = plt.subplots(1, len(workloads),
                            figsize=(6.5 * len(workloads), 4.8), squeeze=False)
   for ax, workload in zip(axes[0], workloads):
-    summary = summarize(selected[workload])
+    summary = summaries[workload]
     markers = "osD^v<>ph*"
     for i, s in enumerate(summary):
       if s["name"] == "float32":
@@ -170,8 +164,7 @@ def _plot(selected, path):
                   fmt=markers[i % len(markers)], capsize=3, label=s["label"])
     ax.set_xscale("log", base=2)
     ax.set_xlabel("bits per gradient element (sent, per replica)")
-    better = "higher" if METRICS_HIGHER_IS_BETTER.get(workload, True) else (
-        "lower")
+    better = "higher" if _higher_is_better(workload) else "lower"
     ax.set_ylabel(f"{selected[workload][0]['metric_name']} "
                   f"({better} is better)")
     ax.set_title(_TITLES.get(workload, workload))
@@ -188,7 +181,7 @@ def write_report(runs_dir, report_dir):
   Raises:
     FileNotFoundError: if `runs_dir` holds no run file.
   """
-  runs = load_runs(runs_dir)
+  runs = common.read_json_files(runs_dir)
   if not runs:
     raise FileNotFoundError(f"No run files (*.json) in runs_dir={runs_dir!r}; "
                             "train some first.")
@@ -196,6 +189,7 @@ def write_report(runs_dir, report_dir):
   order = [w for w in ("vision", "chars") if w in selected] + sorted(
       w for w in selected if w not in ("vision", "chars"))
   selected = {w: selected[w] for w in order}
+  summaries = {w: summarize(rs) for w, rs in selected.items()}
   lines = [
       "# Accuracy against bits per element",
       "",
@@ -223,12 +217,12 @@ def write_report(runs_dir, report_dir):
       "",
   ]
   for workload, runs_of in selected.items():
-    lines += _table(workload, runs_of, summarize(runs_of))
+    lines += _table(workload, runs_of, summaries[workload])
   lines += [f"![{PNG}]({PNG})", ""]
   os.makedirs(report_dir, exist_ok=True)
   md = os.path.join(report_dir, MARKDOWN)
   png = os.path.join(report_dir, PNG)
-  _plot(selected, png)
+  _plot(selected, summaries, png)
   with open(md, "w") as f:
     f.write("\n".join(lines))
   return [md, png]

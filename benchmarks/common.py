@@ -23,8 +23,25 @@ Example:
       data)
 """
 
+import glob
+import json
+import os
+
 __all__ = ["split_cpu", "load_digits", "digits_mlp", "sync_bn_mlp",
-           "fit_digits_mlp", "synthetic_mlp"]
+           "fit_digits_mlp", "synthetic_mlp", "read_json_files"]
+
+
+def read_json_files(folder):
+  """Every `*.json` of `folder`, sorted by file name, as parsed objects.
+
+  The run files of the benchmarks that keep one JSON per run
+  (paper_experiment.py, accuracy_vs_bits.py).
+  """
+  out = []
+  for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+    with open(path) as f:
+      out.append(json.load(f))
+  return out
 
 
 def split_cpu(num_devices):

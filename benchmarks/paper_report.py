@@ -21,8 +21,6 @@ Example:
 """
 
 import collections
-import glob
-import json
 import math
 import os
 import statistics
@@ -32,7 +30,8 @@ from absl import app
 from absl import flags
 import numpy as np
 
-# benchmarks/paper_runs.py, next to this script.
+# benchmarks/common.py and paper_runs.py, next to this script.
+import common
 import paper_runs
 from paper_runs import RUNS
 
@@ -69,16 +68,6 @@ def _fmt_seconds(s):
   if s >= 90:
     return f"{s / 60:.1f} min"
   return f"{s:.0f} s"
-
-
-def load_results(runs_dir):
-  """Every JSON of `runs_dir` (sorted by file name), as dicts."""
-  results = []
-  for path in sorted(glob.glob(os.path.join(runs_dir, "*.json"))):
-    with open(path) as f:
-      results.append(json.load(f))
-  return results
-
 
 
 def _summary(groups):
@@ -146,9 +135,9 @@ def _summary(groups):
 def _common_seeds(groups):
   """Seeds every run of a configuration has (else those of the most runs)."""
   sets = [{r["seed"] for r in rs} for rs in groups.values()]
-  common = set.intersection(*sets)
-  if common:
-    return common
+  shared = set.intersection(*sets)
+  if shared:
+    return shared
   return max(sets, key=lambda s: sum(s <= t for t in sets))
 
 
@@ -458,7 +447,7 @@ def write_report(runs_dir, report_dir, template_path):
     KeyError: if the template names a placeholder this script does not
       fill.
   """
-  results = load_results(runs_dir)
+  results = common.read_json_files(runs_dir)
   if not results:
     print(f"No results in {runs_dir}; no report written.")
     return None
@@ -471,9 +460,9 @@ def write_report(runs_dir, report_dir, template_path):
   os.makedirs(report_dir, exist_ok=True)
   step_png = os.path.join(report_dir, STEP_PNG)
   bits_png = os.path.join(report_dir, BITS_PNG)
-  common = _common_seeds(by_config[main_config])
+  seeds = _common_seeds(by_config[main_config])
   _plot(collections.OrderedDict(
-      (run, [r for r in rs if r["seed"] in common])
+      (run, [r for r in rs if r["seed"] in seeds])
       for run, rs in by_config[main_config].items()),
         main_config, step_png, bits_png)
 

@@ -24,6 +24,7 @@ if _BENCHMARKS not in sys.path:
 import accuracy_report  # pylint: disable=wrong-import-position
 import accuracy_vs_bits  # pylint: disable=wrong-import-position
 import accuracy_workloads  # pylint: disable=wrong-import-position
+import common  # pylint: disable=wrong-import-position
 
 _ROWS = ["float32", "dqsg1"]
 
@@ -60,7 +61,7 @@ def test_runs_are_stored_skipped_on_rerun_and_reported(tmp_path):
   first = grid()
   assert len(first["trained"]) == 2 and not first["skipped"]
   runs = {r["config"]["row"]["name"]: r
-          for r in accuracy_report.load_runs(runs_dir)}
+          for r in common.read_json_files(runs_dir)}
   assert sorted(runs) == sorted(_ROWS)
   for r in runs.values():
     assert math.isfinite(r["metric"]) and r["metric"] > 0
