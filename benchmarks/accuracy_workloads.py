@@ -13,11 +13,12 @@ lands within 0.1 point of float32).
   benchmarks/paper_experiment.py (5x5 conv 32 -> 2x2 max-pool -> 5x5 conv
   64 -> 2x2 max-pool -> dense 512 -> 10, valid padding, 582,026
   parameters), all 60,000 training images, total batch 128 (32 per
-  replica), 4 epochs (1,872 steps): with Adam 1e-3 such a CNN is expected
-  to pass 90% test accuracy in 2 to 3 epochs (not yet measured here: the
-  grid's float32 runs check it), and the fourth is the margin (a training
-  subset would cap it near 90%). Metric: accuracy on the 10,000 test
-  images.
+  replica), 5 epochs (2,340 steps). Fixed on float32 alone: at 4 epochs
+  float32 reached 0.9048, 0.9022 and 0.8929 on seeds 0-2 (code ceac77f,
+  the first 12 runs), one seed under the 90% floor, so a fifth epoch was
+  added; that decision looked at float32 alone (unrotated ternary had run
+  at 4 epochs too: -1.05 points). A training subset would cap it near
+  90%. Metric: accuracy on the 10,000 test images.
   The four IDX files of the Debian package `dataset-fashion-mnist` are read
   directly (benchmarks/datasets.py names them): its Keras loader needs
   `KERAS_HOME` set before Keras is imported, which a test process that
@@ -63,7 +64,7 @@ class VisionRecipe:
   train_subset: int = 0  # 0: all 60,000 training images.
   test_examples: int = 10000
   batch_size: int = 128
-  epochs: int = 4
+  epochs: int = 5
   learning_rate: float = 1e-3
   conv_filters: tuple = (32, 64)
   dense_units: int = 512
