@@ -106,3 +106,34 @@ def test_unknown_row_names_the_value():
 def test_report_without_runs_names_the_folder(tmp_path):
   with pytest.raises(FileNotFoundError, match="runs_dir"):
     accuracy_report.write_report(str(tmp_path), str(tmp_path))
+
+
+def _summary_row(name, codec, paired, spread, bits, step_ms):
+  """One `accuracy_report.summarize` row with the fields the verdict reads."""
+  return {"name": name, "label": name, "codec": codec, "bits": bits,
+          "paired": None if paired is None else (paired, spread),
+          "step_ms": step_ms,
+          # The cost model's a + b/L ms: here 1 ms of CPU and bits/100 of link.
+          "model_ms": {"0.1": 1 + bits / 10, "1": 1 + bits / 100}}
+
+
+def test_rotation_verdict_needs_a_gain_beyond_the_spread():
+  plain = _summary_row("dqsg1", "dqsg:num_levels=1", -0.010, 0.002, 1.6, 50)
+  base = _summary_row("float32", "float32", None, 0, 32.0, 50)
+  rotated = lambda paired, spread: _summary_row(  # pylint: disable=g-long-lambda
+      "dqsg1r", "dqsg:num_levels=1,rotation=hadamard", paired, spread, 1.6,
+      53)
+  verdict = accuracy_report.rotation_verdict(
+      "vision", [base, plain, rotated(-0.004, 0.002)])
+  assert verdict["better"] and verdict["step_ms"] == pytest.approx(3)
+  # The only unrotated row as accurate is float32: rotated ternary's model
+  # step 1 + 1.6/(100 L) + 3 equals float32's 1 + 32/(100 L) at L = 0.1013.
+  assert verdict["against"]["name"] == "float32"
+  assert verdict["pays_below"] == pytest.approx(30.4 / 300)
+  # Overlapping intervals: not beyond the seeds' spread.
+  assert not accuracy_report.rotation_verdict(
+      "vision", [base, plain, rotated(-0.007, 0.002)])["better"]
+  # Lower is better for bits per character: a higher value is worse.
+  assert not accuracy_report.rotation_verdict(
+      "chars", [base, plain, rotated(-0.004, 0.002)])["better"]
+  assert accuracy_report.rotation_verdict("vision", [base, plain]) is None
