@@ -160,12 +160,10 @@ def rotation_verdict(workload, summary):
   gain = sign * (rotated["paired"][0] - plain["paired"][0])
   disjoint = lo_r > hi_p if sign > 0 else hi_r < lo_p
   cost = rotated["step_ms"] - plain["step_ms"]
-  rotated_name = rotated["codec"]
   candidates = [s for s in summary
-                if s["name"] not in (_ROTATED,) and "hadamard" not in
-                s["codec"] and (s["paired"] is None  # float32 itself
-                                or sign * s["paired"][0]
-                                >= sign * rotated["paired"][0])]
+                if "hadamard" not in s["codec"]
+                and (s["paired"] is None  # float32 itself
+                     or sign * s["paired"][0] >= sign * rotated["paired"][0])]
   against = min(candidates, key=lambda s: s["bits"]) if candidates else None
   pays_below = None
   if against is not None:
@@ -174,13 +172,13 @@ def rotation_verdict(workload, summary):
     pays_below = _line(a1 + cost, b1, a2, b2)
   return {"better": gain > 0 and disjoint, "gain": gain,
           "disjoint": disjoint, "step_ms": cost, "against": against,
-          "pays_below": pays_below, "rotated_codec": rotated_name}
+          "pays_below": pays_below}
 
 
-def findings(selected, summaries, rows=()):
+def findings(selected, summaries, rows):
   """The issue's checks and rotation's verdict, as markdown lines.
 
-  `rows`: the names every workload should have (the script's ROWS).
+  `rows`: the row names every workload should have.
   """
   lines = ["## Checks", ""]
   for workload, summary in summaries.items():
@@ -218,8 +216,11 @@ def findings(selected, summaries, rows=()):
     if v is None:
       lines.append(f"- **{title}:** no rotated and unrotated ternary runs.")
       continue
-    scale = 100 if workload == "vision" else 1
-    unit = " points" if workload == "vision" else " bits per character"
+    # Accuracy reads in points; a lower-is-better metric in its own unit.
+    higher = _higher_is_better(workload)
+    scale = 100 if higher else 1
+    unit = (" points" if higher
+            else " " + selected[workload][0]["metric_name"])
     text = (f"- **{title}:** rotation moves ternary's paired difference "
             f"by {scale * v['gain']:+.4g}{unit} toward float32 "
             f"({'beyond' if v['disjoint'] else 'within'} the seeds' "
