@@ -10,7 +10,7 @@ STAMP := $(VENV)/.ndq_tf-installed
 EXTRAS ?= test,bench
 PINS ?=
 # The oldest supported TensorFlow and Keras (pyproject.toml's lower bounds,
-# ndq_tf.distribute.tf_internals; tests/test_packaging.py keeps them equal),
+# ndq_tf.core.tf_internals; tests/test_packaging.py keeps them equal),
 # with the tf_keras of that TensorFlow. `make test-oldest` runs the oldest
 # tier on them in .venv-oldest; .ci/run runs it, then `make test`.
 OLDEST := tensorflow==2.18.* keras==3.10.* tf-keras==2.18.*

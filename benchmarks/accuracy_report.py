@@ -368,7 +368,7 @@ def write_report(runs_dir, report_dir, rows=None):
       "`compression_stats()` per element and replica (compressed and "
       "lossless elements); **exchange**: what ran; **model exchange ms**: "
       "one step's exchange among 4 worker processes by the cost model "
-      "(`ndq_tf.distribute.exchanges.exchange_seconds`: bits over the link "
+      "(`ndq_tf.core.cost_model.exchange_seconds`: bits over the link "
       "plus the CPU's decode work; the lossless tensors as a float32 ring), "
       "float32 and fp16 priced as TF's float ring; **measured ms/step**: "
       "median step on this machine's 4 logical devices, where nothing "

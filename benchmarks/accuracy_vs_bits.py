@@ -26,7 +26,7 @@ Recorded per run: the metric (the report pairs it with float32's at the
 same seed); bits per element on the wire (every step's `sent_bits` of
 `strategy.compression_stats()`, compressed and lossless elements), the
 exchange that ran, the measured median step time, and the exchange's time
-per step by the project's cost model (`ndq_tf.distribute.exchanges.
+per step by the project's cost model (`ndq_tf.core.cost_model.
 exchange_seconds`: bits over the link plus the CPU's decode work) for 4
 worker processes at 100 Mbit/s and 1 Gbit/s (float32 and fp16 priced as
 TF's float ring, the exchange a multi-worker job would give them).
@@ -276,15 +276,15 @@ def _recorder(keras, strategy):
 def _model_exchange_ms(row, strategy, stats):
   """{link Gbit/s: ms} of one step's exchange among NUM_REPLICAS workers."""
   from ndq_tf import theory  # pylint: disable=g-import-not-at-top
-  from ndq_tf.distribute import exchanges  # pylint: disable=g-import-not-at-top
+  from ndq_tf.core import cost_model  # pylint: disable=g-import-not-at-top
   options = strategy.compressed_all_reduce.options
   codecs = options.sender_codecs(NUM_REPLICAS)
   name = row.priced_as or stats["transport"]
   n = stats["compressed_elements"]
   out = {}
   for gbps in LINKS_GBPS:
-    seconds = exchanges.exchange_seconds(codecs, n, NUM_REPLICAS, name,
-                                         link_gbps=gbps)
+    seconds = cost_model.exchange_seconds(codecs, n, NUM_REPLICAS, name,
+                                          link_gbps=gbps)
     # The small tensors travel beside the payload as a float32 ring.
     seconds += theory.ring_all_reduce_bits(
         32 * stats["lossless_elements"], NUM_REPLICAS) / (gbps * 1e9)

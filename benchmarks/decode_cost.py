@@ -1,8 +1,8 @@
 """The CPU constants of `transport="auto"`'s time model, measured.
 
-`ndq_tf.distribute.exchanges.auto` prices an exchange on CPU devices as
+`ndq_tf.core.cost_model.auto` prices an exchange on CPU devices as
 `bits / link rate + draws·DRAW_NS + decodes·n·DECODE_NS + lanes·LANE_NS`
-(`exchanges.cost`). This measures the three constants on this machine,
+(`cost_model.exchange_seconds`). This measures the three constants on this machine,
 each as the median of `--repeats` runs of one compiled `tf.function` over
 `--num_elements` values (ternary DQSG, the default codec's family):
 
@@ -17,7 +17,7 @@ Usage:
   python benchmarks/decode_cost.py [--num_elements=4194304] [--repeats=9]
 
 Prints the three constants in nanoseconds per element and the values in
-`ndq_tf/distribute/exchanges/__init__.py` beside them.
+`ndq_tf/core/cost_model.py` beside them.
 """
 
 import time
@@ -29,7 +29,7 @@ import tensorflow as tf
 
 import ndq_tf
 from ndq_tf import ops as ndq_ops
-from ndq_tf.distribute import exchanges
+from ndq_tf.core import cost_model
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_elements", 4 * 2**20, "Elements per measurement.")
@@ -89,8 +89,8 @@ def measure(n, repeats):
 def main(argv):
   del argv
   got = measure(FLAGS.num_elements, FLAGS.repeats)
-  used = {"draw": exchanges.DRAW_NS, "decode": exchanges.DECODE_NS,
-          "lane": exchanges.LANE_NS}
+  used = {"draw": cost_model.DRAW_NS, "decode": cost_model.DECODE_NS,
+          "lane": cost_model.LANE_NS}
   print(f"{'constant':<8} {'measured ns':>12} {'in the model':>13}")
   for key in ("draw", "decode", "lane"):
     print(f"{key:<8} {got[key]:>12.2f} {used[key]:>13.2f}")

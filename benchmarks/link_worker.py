@@ -148,8 +148,9 @@ def _strategy(args):
 def _model_bits(strategy, method, params, num_workers):
   """The cost model's bits per worker per step, and what it was given."""
   from ndq_tf import theory  # pylint: disable=g-import-not-at-top
+  from ndq_tf.core import cost_model  # pylint: disable=g-import-not-at-top
   if method == "float32":
-    bits = theory.exchange_bits(None, params, num_workers, "float32_ring")
+    bits = cost_model.exchange_bits(None, params, num_workers, "float32_ring")
     return bits, {"transport": "float32_ring", "compressed_elements": params,
                   "lossless_elements": 0}
   stats = strategy.compression_stats()
@@ -158,12 +159,12 @@ def _model_bits(strategy, method, params, num_workers):
   lossless = int(stats["lossless_elements"])
   codecs = strategy.options.sender_codecs(num_workers)
   if transport in ("float32_ring", "float16_ring"):
-    bits = theory.exchange_bits(None, n, num_workers, transport)
+    bits = cost_model.exchange_bits(None, n, num_workers, transport)
   else:
-    bits = theory.exchange_bits(codecs, n, num_workers, transport)
+    bits = cost_model.exchange_bits(codecs, n, num_workers, transport)
   # The small tensors of the same call: TF's lossless float32 ring.
   bits += theory.ring_all_reduce_bits(32 * lossless, num_workers)
-  auto = theory.auto_transport(codecs, n, num_workers)
+  auto = cost_model.auto(codecs, n, num_workers)
   return bits, {"transport": transport, "compressed_elements": n,
                 "lossless_elements": lossless, "auto_transport": auto,
                 "sent_bits": int(stats["sent_bits"]),

@@ -25,7 +25,7 @@ about 5M parameters by default) for `--warmup` + `--steps` steps:
   `transport="reduce_scatter"`: shards by an all-to-all, each worker's
   reduced shard re-quantized and all-gathered (issue #18);
 * `auto`: the same codec, `transport="auto"` (the strategy picks by
-  `ndq_tf.theory.auto_transport`; the transport it used is reported);
+  `ndq_tf.core.cost_model.auto`; the transport it used is reported);
 * `ndqsg` (not in the default list): `NestedDitheredCodec(num_levels=3,
   coarse_ratio=3)` on workers 1 to P-1 and that DQSG on worker 0,
   all-gathered.
@@ -52,7 +52,7 @@ What is measured, per (P, rate, method):
   Not included: Ethernet's preamble, FCS and inter-frame gap (24 B per
   frame on a wire; Linux counts no more than the frame, and `tbf` meters
   the same bytes).
-* **Model bytes**: `ndq_tf.theory.exchange_bits` for the gradient elements
+* **Model bytes**: `ndq_tf.core.cost_model.exchange_bits` for the gradient elements
   the strategy compressed and the transport it used (`compressed_elements`
   and `transport` of `strategy.compression_stats()`), plus a float32 ring
   all-reduce (`theory.ring_all_reduce_bits`) of the elements it sent

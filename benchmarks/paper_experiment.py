@@ -187,7 +187,7 @@ def _make_recorder(keras, model, strategy, x_eval, y_eval, x_test, y_test,
                    eval_every):
   """A callback recording accuracy, telemetry and step times."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from ndq_tf.distribute import fusion  # pylint: disable=g-import-not-at-top
+  from ndq_tf.core import fusion  # pylint: disable=g-import-not-at-top
 
   options = strategy.compressed_all_reduce.options
 
@@ -255,7 +255,7 @@ def _make_recorder(keras, model, strategy, x_eval, y_eval, x_test, y_test,
       self.step_seconds.append(now - self._t)
       self.step += 1
       # The telemetry of this step's gradient exchange (one per step:
-      # ndq_tf.distribute.telemetry): bits sent by all replicas (payloads
+      # ndq_tf.core.telemetry): bits sent by all replicas (payloads
       # and the small tensors sent losslessly, once per replica).
       s = strategy.compression_stats()
       if s["exchange_count"] != self.step:

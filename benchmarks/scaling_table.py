@@ -1,9 +1,9 @@
 """Bits per worker per step against the number of workers: the cost model.
 
-Tabulates `ndq_tf.theory.exchange_bits` (what each worker sends per step, per
+Tabulates `ndq_tf.core.cost_model.exchange_bits` (what each worker sends per step, per
 gradient element) for every codec and transport, next to TF's float32 and
 float16 rings, for a range of worker counts; which exchange `"auto"` would
-pick (`theory.auto_transport`, for worker processes on CPUs and by bits
+pick (`cost_model.auto`, for worker processes on CPUs and by bits
 alone); and the integer lanes the all-reduce packs
 the codes in (`ndq_tf.ops.lane_layout`). Nothing is run or measured: these
 are the model's numbers.
@@ -24,8 +24,8 @@ from absl import flags
 
 import ndq_tf
 from ndq_tf import ops
-from ndq_tf import theory
-from ndq_tf.distribute.exchanges import reduce_scatter
+from ndq_tf.core import cost_model
+from ndq_tf.core.exchanges import reduce_scatter
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_elements", 2**22,
@@ -67,9 +67,9 @@ def _resolve(codec, p):
 def _rows(n, bucket_size, workers):
   """(label, [bits per element for each P]) of every configuration."""
   rows = [
-      ("float32 ring", [theory.exchange_bits(None, n, p, "float32_ring") / n
+      ("float32 ring", [cost_model.exchange_bits(None, n, p, "float32_ring") / n
                         for p in workers]),
-      ("fp16 ring", [theory.exchange_bits(None, n, p, "float16_ring") / n
+      ("fp16 ring", [cost_model.exchange_bits(None, n, p, "float16_ring") / n
                      for p in workers]),
   ]
   for label, codec in _codecs(bucket_size):
@@ -78,7 +78,7 @@ def _rows(n, bucket_size, workers):
       for p in workers:
         try:
           values.append(
-              theory.exchange_bits(_resolve(codec, p), n, p, transport) / n)
+              cost_model.exchange_bits(_resolve(codec, p), n, p, transport) / n)
         except ValueError:
           values = None
           break
@@ -104,11 +104,11 @@ def _auto_rows(n, bucket_size, workers):
     cells = []
     for p in workers:
       c = _resolve(codec, p)
-      choice = theory.auto_transport(c, n, p)
+      choice = cost_model.auto(c, n, p)
       # By bits alone (devices whose work the model does not price) the
       # choice is the same at every P tabulated.
-      assert choice == theory.auto_transport(c, n, p, on_cpu=False), (c, p)
-      bits = theory.exchange_bits(c, n, p, choice) / n
+      assert choice == cost_model.auto(c, n, p, on_cpu=False), (c, p)
+      bits = cost_model.exchange_bits(c, n, p, choice) / n
       cells.append(f"{_SHORT[choice]} {bits:.2f}")
     rows.append((label, cells))
   return rows
@@ -146,12 +146,12 @@ def render(n, bucket_size, workers):
       f"(n = {n} elements, bucket_size = {bucket_size}).",
       "",
       "**Bits each worker sends per step, per element** "
-      "(`theory.exchange_bits(...) / n`):",
+      "(`cost_model.exchange_bits(...) / n`):",
       "",
       _table(header, bits),
       "",
       "**What `\"auto\"` picks for worker processes on CPUs** "
-      "(`theory.auto_transport`'s time model: bits over a 10 Gbit/s link "
+      "(`cost_model.auto`'s time model: bits over a 10 Gbit/s link "
       "plus the CPU work; AG all-gather, AR all-reduce, RS reduce-scatter; "
       "a tie keeps the all-gather), and its bits per element:",
       "",

@@ -79,7 +79,7 @@ def manual_all_reduce(codec, grads, step, num_replicas):
   Returns:
     The list of mean gradients, bitwise identical on every replica.
   """
-  from ndq_tf.distribute import fusion  # pylint: disable=g-import-not-at-top
+  from ndq_tf.core import fusion  # pylint: disable=g-import-not-at-top
   ctx = tf.distribute.get_replica_context()
   plan = fusion.FusionPlan.from_tensors(grads, codec.bucket_size)
   base_seed = tf.constant([_SEED.value, 1], tf.int32)
@@ -165,7 +165,7 @@ def main(argv):
     print(f"wire bits/element {stats['sent_bits_per_element']:.3f}, "
           f"compression ratio {stats['compression_ratio']:.2f}")
   else:
-    from ndq_tf.distribute import fusion  # pylint: disable=g-import-not-at-top
+    from ndq_tf.core import fusion  # pylint: disable=g-import-not-at-top
     plan = fusion.FusionPlan.from_tensors(model.trainable_variables,
                                           codec.bucket_size)
     print(f"wire bits/element {plan.wire_bits(codec) / plan.num_elements:.3f}"

@@ -167,7 +167,7 @@ def fit_one(spec, devices, data, index, count):
   ops = strategy.compressed_all_reduce
   label = spec
   if ops.needs_reference:
-    from ndq_tf.distribute import fusion  # pylint: disable=g-import-not-at-top
+    from ndq_tf.core import fusion  # pylint: disable=g-import-not-at-top
     stats = strategy.compression_stats()
     p1 = ops.reference_count(len(devices))
     mode = ", adaptive" if ops.adaptive else ""

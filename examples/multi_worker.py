@@ -143,7 +143,7 @@ def main(argv):
   model.fit(train, epochs=_EPOCHS.value, verbose=2, callbacks=callbacks)
   seconds = time.time() - start
   _, accuracy = model.evaluate(test, verbose=0)
-  # This worker's last compressed exchange (ndq_tf.distribute.telemetry):
+  # This worker's last compressed exchange (ndq_tf.core.telemetry):
   # its framed payload and the small tensors it sent losslessly beside it.
   stats = strategy.compression_stats()
   weights = np.concatenate([v.numpy().ravel() for v in model.weights])

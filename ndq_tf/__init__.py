@@ -9,6 +9,7 @@ References:
   Reduction in Distributed Training. arXiv:1904.01197, 2019.
 """
 
+from ndq_tf import _deprecation
 from ndq_tf import _lazy
 
 from ndq_tf.version import __version__
@@ -29,7 +30,10 @@ _NAMES = {
     "CompressionStats": "ndq_tf.keras",
 }
 
-__all__ = sorted(["codecs", "distribute", "keras", "ops", "theory",
+__all__ = sorted(["codecs", "core", "distribute", "keras", "ops", "theory",
                   *_NAMES])
+
+# Merged into `theory` (deprecated path, one release).
+_deprecation.moved_modules({"ndq_tf.reduce_scatter_theory": "ndq_tf.theory"})
 
 __getattr__, __dir__ = _lazy.attach(__name__, _NAMES)

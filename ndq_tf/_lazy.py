@@ -8,12 +8,9 @@ other public names import their module, and TensorFlow, when first read.
 
 import importlib
 import importlib.util
-import sys
-import warnings
 
 __all__ = [
     "attach",
-    "moved",
 ]
 
 
@@ -47,14 +44,3 @@ def attach(package, names):
 
   return __getattr__, __dir__
 
-
-def moved(old, new):
-  """Makes the module named `old` the module `new`, moved there (deprecated).
-
-  Puts `new` in `sys.modules[old]`, so that both names are one module, and
-  warns (`DeprecationWarning`) naming the new path.
-  """
-  module = importlib.import_module(new)
-  warnings.warn(f"`{old}` is deprecated; import `{new}` instead.",
-                DeprecationWarning, stacklevel=3)
-  sys.modules[old] = module

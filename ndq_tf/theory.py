@@ -3,9 +3,10 @@
 All quantities are per element and, unless said otherwise, in max-normalized
 units (a bucket's values divided by its max-norm `κ`); multiply by `κ²` for
 the variance of the gradient itself. Plain Python (`math`), usable in tests,
-benchmarks and to pick parameters; the exchange cost model
-(`exchange_bits`, `auto_transport`) is the exchanges'
-(`ndq_tf.distribute.exchanges`), reached here through thin wrappers.
+benchmarks and to pick parameters; it imports nothing of ndq_tf (the
+bottom of the layers, tests/test_layers.py). The exchanges' cost model
+(`exchange_bits`, `auto`), which needs the exchanges, is
+`ndq_tf.core.cost_model`; its old names here are deprecated aliases.
 
 References:
   A. Abdi, F. Fekri. Nested Dithered Quantization for Communication
@@ -18,8 +19,7 @@ References:
 
 import math
 
-from ndq_tf.ops import rotation_ops
-from ndq_tf.reduce_scatter_theory import reduce_scatter_total_mse
+from ndq_tf import _deprecation
 
 __all__ = [
     "uniform_error_variance",
@@ -40,18 +40,15 @@ __all__ = [
     "auto_nested_step_ratio",
     "shared_scale_variance",
     "rotated_scales",
+    "rotation_domain_gain",
     "rotated_dithered_total_mse",
     "rotated_dithered_vnmse_bound",
     "rate_distortion_vnmse",
-    "TRANSPORTS",
     "ring_all_reduce_bits",
     "ring_all_gather_bits",
     "codes_add_up",
     "summed_form",
-    "exchange_bits",
-    "reduce_scatter_bits",
     "reduce_scatter_total_mse",
-    "auto_transport",
 ]
 
 
@@ -270,7 +267,7 @@ def auto_nested_alpha(coarse_ratio, overload_target):
   return 1.0 if f(1.0) <= f(best) else best
 
 
-# -- Shared scales and the exchange cost model -------------------------------
+# -- Shared scales, rotation and the bits of rings ----------------------------
 
 
 def shared_scale_variance(num_levels, num_workers, kappa_max=1.0):
@@ -306,47 +303,28 @@ def shared_scale_variance(num_levels, num_workers, kappa_max=1.0):
   return num_workers * kappa_max * kappa_max * dithered_variance(num_levels)
 
 
-#: The uncompressed float rings of the cost model (`exchange_bits`), beside
-#: the exchanges (`ndq_tf.distribute.exchanges.NAMES`).
-_FLOAT_RINGS = ("float32_ring", "float16_ring")
-
-# Old homes of the framing constants, now next to the code that sends them.
-_MOVED = {
-    "ALL_GATHER_HEADER_WORDS": ("ndq_tf.distribute.transports.all_gather",
-                                "HEADER_WORDS"),
-    "ALL_REDUCE_STAMP_WORDS": ("ndq_tf.distribute.transports.collective_sum",
-                               "STAMP_WORDS"),
-}
-
-
-def __getattr__(name):
-  # Lazily: the exchanges import TensorFlow, and import this module.
-  if name == "TRANSPORTS":
-    from ndq_tf.distribute import exchanges  # pylint: disable=g-import-not-at-top
-    return exchanges.NAMES + _FLOAT_RINGS
-  if name == "reduce_scatter_bits":  # The cost model is the exchange's.
-    from ndq_tf.distribute.exchanges import reduce_scatter  # pylint: disable=g-import-not-at-top
-    return reduce_scatter.reduce_scatter_bits
-  if name in _MOVED:
-    import importlib  # pylint: disable=g-import-not-at-top
-    import warnings  # pylint: disable=g-import-not-at-top
-    module, attribute = _MOVED[name]
-    warnings.warn(
-        f"`ndq_tf.theory.{name}` is deprecated; use `{module}.{attribute}`.",
-        DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(module), attribute)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def rotated_scales(wire_scales, bucket_size):
   """`κ_b`, the max of each orthonormally rotated bucket, from a rotated wire.
 
   A rotated codec quantizes `c·R·g_b` (`R = H·D/√d`, `c =
-  rotation_ops.domain_gain(d)`, 1 or `1/√2`), so its wire scale is `c·κ_b`
+  rotation_domain_gain(d)`, 1 or `1/√2`), so its wire scale is `c·κ_b`
   (docs/algorithms.md#randomized-hadamard-rotation). Returns floats.
   """
-  gain = rotation_ops.domain_gain(bucket_size)
+  gain = rotation_domain_gain(bucket_size)
   return [float(s) / gain for s in wire_scales]
+
+
+def rotation_domain_gain(bucket_size):
+  """`c = √d·2^-⌈k/2⌉` (`d = 2^k`): 1 for even `k`, `1/√2` for odd `k`.
+
+  The rotation `ndq_tf.ops.rotate` is `c` times the orthonormal one
+  (`ndq_tf.ops.rotation_ops.domain_gain`, the same number in the ops).
+  """
+  if bucket_size < 1 or bucket_size & (bucket_size - 1):
+    raise ValueError(f"`bucket_size` must be a power of two. Received: "
+                     f"bucket_size={bucket_size}.")
+  k = bucket_size.bit_length() - 1
+  return 2.0 ** (k / 2 - (k + 1) // 2)
 
 
 def rotated_dithered_total_mse(wire_scales, bucket_size, num_levels):
@@ -449,98 +427,57 @@ def codes_add_up(codec):
   return _summable_kind(codec) is not None
 
 
-def exchange_bits(codec, num_elements, num_workers, transport):
-  """Bits each worker sends per step to sum `num_elements` values: the model.
+# -- The reduce-scatter exchange's error (issue #18) --------------------------
+# The buffer of `n` values (`B = n/d` whole buckets of `d`) is cut into `P`
+# shards of whole buckets. Stage 1: worker `i` encodes shard `j` of its
+# gradient and an all-to-all hands it to worker `j`, which decodes the `P`
+# shards and sums them. Stage 2: worker `j` re-quantizes the sum with DQSG
+# (the stage-2 codec) and an all-gather hands it to every worker; every
+# worker decodes the `P` reduced shards with the same ops, so all end
+# bitwise identical. The exchange and its bits are
+# `ndq_tf.core.exchanges.reduce_scatter`.
 
-  What is counted: the bits of collective payload one worker sends on its
-  link in one exchange of a buffer of `n = num_elements` values among
-  `P = num_workers` workers (one sender each). All the transports here are
-  rings, so a worker receives as many bits as it sends. Not counted:
-  latency, the protocol's own framing (gRPC, TCP, NCCL) and lossless
-  reductions outside the buffer. These are the model's numbers, not
-  measurements (docs/scaling.md). A thin wrapper: each exchange's own
-  `bits` (`ndq_tf.distribute.exchanges`) is the model.
 
-  * `"all_gather"` (today's multi-worker transport): every worker sends
-    its payload, `codec.wire_bits(n)`, framed by the 5 header words of
-    `transports.all_gather.HEADER_WORDS` and padded to the longest payload of the exchange, through a ring
-    all-gather: `(P - 1)·32·(5 + max_p wire_words_p)`
-    (`ring_all_gather_bits`). Every codec, nested ones included.
-  * `"all_reduce"`: the integer sum of codes (`codes_add_up` codecs only):
-    the symbols packed in the densest exact lanes for `P` senders
-    (`ndq_tf.ops.lane_layout`: `W` words of 32 or 64 bits) through a ring
-    all-reduce, plus the MAX all-reduce of the `⌈n/d⌉` float32 scales
-    that makes them shared (with 8 words of step and fingerprint stamps,
-    `transports.collective_sum.STAMP_WORDS`): `2(P - 1)/P·(W·word_bits + 32·(⌈n/d⌉ + 8))`.
-    `Float16Codec` and `Float32Codec` go through TF's float ring of their
-    dtype: `2(P - 1)/P·16n` and `2(P - 1)/P·32n`.
-  * `"float32_ring"`, `"float16_ring"`: the uncompressed baselines,
-    `2(P - 1)/P·32n` and `2(P - 1)/P·16n` (`codec` must be None or the
-    matching float codec).
+def reduce_scatter_total_mse(stage1_scales, stage2_scales, bucket_size,
+                             stage1_levels, stage2_levels):
+  """`E‖ĝ - Σ_p g_p‖²` of the reduce-scatter sum of DQSG senders.
 
-  Example: ternary DQSG (`DitheredCodec(num_levels=1)`, `d = 512`) on
-  `2**20` elements costs per element about `1.66·(P - 1)` bits by
-  all-gather, `2(P - 1)/P·(5.33 + 0.06)` by all-reduce at `P = 8`
-  (5-bit lanes, 6 per `int32`), and `2(P - 1)/P·32` by a float32 ring: the
-  all-gather stops paying against the float32 ring from `P = 39`, against
-  an fp16 ring from `P = 20`.
+  `Σ_b d·(Σ_p κ_pb²·Δ1²/12 + κ̃_b²·Δ2²/12)`: the `P` senders' independent
+  stage-1 errors (DQSG, Lemma 3), plus one dithered quantization of each
+  bucket of the decoded sum, whose scale `κ̃_b` is the max of that sum (a
+  subtractive dither's error is uniform on `κ̃_b·[-Δ2/2, Δ2/2]` and
+  independent of what it quantizes, so the two add). Both stages are
+  unbiased. Against the exact integer sum (`transport="all_reduce"`,
+  stage-1 errors only) the price is the second term: `κ̃_b` grows like
+  `P·κ` for correlated gradients, so it dominates for large `P`, unless
+  stage 2 has about `√P` times the levels.
 
   Args:
-    codec: a codec, or a list of `P` codecs, one per worker in sender order
-      (`CompressionOptions.sender_codecs(P)` of a nested group: rows are
-      padded to the longest payload); None for the float rings.
-    num_elements: `n >= 0`, the values in the buffer.
-    num_workers: `P >= 1`.
-    transport: one of `TRANSPORTS`.
+    stage1_scales: `[[κ_pb for every bucket b] for every sender p]`.
+    stage2_scales: `[κ̃_b for every bucket b]`.
+    bucket_size: `d`.
+    stage1_levels: `M1` of the senders' DQSG (`Δ1 = 1/M1`).
+    stage2_levels: `M2` of the stage-2 DQSG.
 
   Returns:
-    The bits one worker sends per step, a float (0 for `P = 1`).
-
-  Raises:
-    ValueError: for an unknown transport, a count out of range, a codec
-      that the transport cannot carry (codes that do not add up under
-      `"all_reduce"`, different codecs per worker, a codec given to a float
-      ring), or a sum too large for 31-bit lanes.
+    A float.
   """
-  from ndq_tf.distribute import exchanges  # pylint: disable=g-import-not-at-top
-  if transport not in _FLOAT_RINGS:
-    if transport not in exchanges.NAMES:
-      names = exchanges.NAMES + _FLOAT_RINGS
-      raise ValueError(
-          f"`transport` must be one of {', '.join(map(repr, names))}. "
-          f"Received: transport={transport!r}.")
-    return exchanges.exchange_bits(codec, num_elements, num_workers,
-                                   transport)
-  exchanges.base.check_count("num_elements", num_elements, 0)
-  exchanges.base.check_count("num_workers", num_workers, 1)
-  width = 32 if transport == "float32_ring" else 16
-  for c in exchanges.base.sender_codecs(codec, num_workers):
-    if c is not None and _summable_kind(c) != f"float{width}":
-      raise ValueError(
-          f"`codec` must be None (or Float{width}Codec) for transport="
-          f"{transport!r}, the uncompressed float{width} ring. Received: "
-          f"codec={c!r}.")
-  return ring_all_reduce_bits(width * num_elements, num_workers)
+  one = sum(k * k for scales in stage1_scales for k in scales)
+  two = sum(k * k for k in stage2_scales)
+  return bucket_size * (one / (12.0 * stage1_levels**2)
+                        + two / (12.0 * stage2_levels**2))
 
 
-def auto_transport(codec, num_elements, num_workers, **model):
-  """The exchange `transport="auto"` picks: the fastest by the time model.
-
-  `ndq_tf.distribute.exchanges.auto`: per worker, the bits on a link of
-  `link_gbps` (default 10) plus, on CPU devices, the dither draws, decodes
-  and lane codes priced by constants measured on a CPU; the all-gather
-  unless another exchange that carries the codecs is strictly faster
-  (nested groups, a tie, a single worker keep it). docs/scaling.md.
-
-  Args:
-    codec: a codec or one per worker, as for `exchange_bits`.
-    num_elements: `n >= 0`.
-    num_workers: `P >= 1`.
-    **model: `link_gbps` (float), `on_cpu` (default True: price the work)
-      and `shared_memory` (default False: the workers are processes).
-
-  Returns:
-    `"all_gather"`, `"all_reduce"` or `"reduce_scatter"`.
-  """
-  from ndq_tf.distribute import exchanges  # pylint: disable=g-import-not-at-top
-  return exchanges.auto(codec, num_elements, num_workers, **model)
+# Old names, deprecated for one release: the cost model moved to the exchange
+# core, the framing constants next to the code that sends them. Read by name
+# when used, so that this module imports nothing above it.
+__getattr__ = _deprecation.moved_attributes(__name__, {
+    "TRANSPORTS": "ndq_tf.core.cost_model.TRANSPORTS",
+    "exchange_bits": "ndq_tf.core.cost_model.exchange_bits",
+    "auto_transport": "ndq_tf.core.cost_model.auto",
+    "reduce_scatter_bits":
+        "ndq_tf.core.exchanges.reduce_scatter.reduce_scatter_bits",
+    "ALL_GATHER_HEADER_WORDS": "ndq_tf.core.transports.all_gather.HEADER_WORDS",
+    "ALL_REDUCE_STAMP_WORDS":
+        "ndq_tf.core.transports.collective_sum.STAMP_WORDS",
+})

@@ -28,10 +28,10 @@ import tensorflow as tf
 import multi_worker_job
 import ndq_tf
 from ndq_tf.cluster import launch
-from ndq_tf.distribute import fingerprint
+from ndq_tf.core import fingerprint
+from ndq_tf.core.transports import all_gather
+from ndq_tf.core.transports import collective_sum
 from ndq_tf.distribute import options as options_lib
-from ndq_tf.distribute.transports import all_gather
-from ndq_tf.distribute.transports import collective_sum
 
 WORKER = os.path.join(multi_worker_job.ROOT, "tests", "multi_worker_scripts",
                       "agreement_worker.py")

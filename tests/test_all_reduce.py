@@ -17,9 +17,9 @@ import tensorflow as tf
 
 import ndq_tf
 from ndq_tf import ops
-from ndq_tf import theory
-from ndq_tf.distribute import engine as engine_lib
-from ndq_tf.distribute import fusion
+from ndq_tf.core import cost_model
+from ndq_tf.core import engine as engine_lib
+from ndq_tf.core import fusion
 from ndq_tf.distribute import options as options_lib
 
 NUM_REPLICAS = 4
@@ -91,7 +91,7 @@ def test_strategy_result_is_the_codec_api_sum_bit_for_bit(spec):
   assert stats["payload_bits"] == NUM_REPLICAS * (
       layout.wire_bits + 32 * codec.num_scales(n))
   assert stats["model_link_bits"] == round(
-      NUM_REPLICAS * theory.exchange_bits(codec, n, NUM_REPLICAS, "all_reduce"))
+      NUM_REPLICAS * cost_model.exchange_bits(codec, n, NUM_REPLICAS, "all_reduce"))
 
 
 def test_mean_divides_the_decoded_sum_by_the_replicas():
@@ -159,7 +159,7 @@ def test_auto_picks_what_the_cost_model_predicts_and_logs_it_once(
     spec, elements, caplog):
   codec = ndq_tf.codecs.get(spec)
   # Logical CPUs of one process: one memory, no bits on a link.
-  want = theory.auto_transport(codec, elements, NUM_REPLICAS,
+  want = cost_model.auto(codec, elements, NUM_REPLICAS,
                                shared_memory=True)
   strategy = ndq_tf.MirroredStrategy(codec=codec, devices=_devices())
   assert strategy.compression_stats()["transport"] == "auto"
@@ -180,9 +180,9 @@ def test_shared_memory_gathers_codes_and_sums_float16():
   n = 1 << 14
   for codec in (ndq_tf.DitheredCodec(1), ndq_tf.DitheredCodec(3)):
     for p in (4, 8):
-      assert theory.auto_transport(codec, n, p, shared_memory=True) == (
+      assert cost_model.auto(codec, n, p, shared_memory=True) == (
           "all_gather")
-  assert theory.auto_transport(ndq_tf.Float16Codec(), 4096, 4,
+  assert cost_model.auto(ndq_tf.Float16Codec(), 4096, 4,
                                shared_memory=True) == "all_reduce"
 
 
@@ -248,8 +248,8 @@ def test_transport_round_trips_through_the_config(transport):
 
 
 @pytest.mark.parametrize("transport_class", [
-    ndq_tf.distribute.transports.AllGatherTransport,
-    ndq_tf.distribute.transports.CollectiveSumTransport])
+    ndq_tf.core.transports.AllGatherTransport,
+    ndq_tf.core.transports.CollectiveSumTransport])
 def test_a_worker_id_out_of_range_is_named(transport_class):
   with pytest.raises(ValueError, match=r"`worker_id` must be in \[0, 2\). "
                      r"Received: worker_id=2"):

@@ -48,8 +48,8 @@ import pytest
 import tensorflow as tf
 
 import multi_worker_job
-from ndq_tf import theory
-from ndq_tf.distribute import fusion
+from ndq_tf.core import cost_model
+from ndq_tf.core import fusion
 from ndq_tf.distribute import options as options_lib
 
 WORKER = os.path.join(multi_worker_job.ROOT, "tests", "multi_worker_scripts",
@@ -233,7 +233,7 @@ def _expected(shapes, num_workers, transport):
   ring = 2.0 * (num_workers - 1) / num_workers
   codecs = options.sender_codecs(num_workers)
   codec = codecs if transport == "all_gather" else options.codec
-  bits = (round(theory.exchange_bits(codec, n, num_workers, transport))
+  bits = (round(cost_model.exchange_bits(codec, n, num_workers, transport))
           + round(32 * lossless * ring))
   return n, bits
 
@@ -242,7 +242,7 @@ def _auto_transport(shapes, num_workers):
   """What `transport="auto"` should pick for gradients of `shapes`."""
   options = options_lib.CompressionOptions(CODEC)
   n, _ = _expected(shapes, num_workers, "all_gather")
-  return theory.auto_transport(options.sender_codecs(num_workers), n,
+  return cost_model.auto(options.sender_codecs(num_workers), n,
                                num_workers)
 
 

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import ndq_tf
-from ndq_tf.distribute import fusion
+from ndq_tf.core import fusion
 from ndq_tf.distribute import options as options_lib
 
 NUM_REPLICAS = 4

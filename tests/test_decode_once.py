@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 
 import ndq_tf
-from ndq_tf.distribute import engine as engine_lib
+from ndq_tf.core import engine as engine_lib
+from ndq_tf.core import transports
 from ndq_tf.distribute import options as options_lib
-from ndq_tf.distribute import transports
 
 NUM_REPLICAS = 4
 SHAPES = [(3000,), (37, 41), (700,)]

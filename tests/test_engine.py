@@ -1,4 +1,4 @@
-"""Tests of `ndq_tf.distribute.engine.ExchangeEngine` on its own: its seeds.
+"""Tests of `ndq_tf.core.engine.ExchangeEngine` on its own: its seeds.
 
 The exchange end to end is tested through the strategies (test_mirrored,
 test_all_reduce, test_chunked_exchange, test_decode_once).
@@ -9,9 +9,9 @@ import tensorflow as tf
 
 import ndq_tf
 from ndq_tf import ops
-from ndq_tf.distribute import engine as engine_lib
-from ndq_tf.distribute import exchanges
-from ndq_tf.distribute import fusion
+from ndq_tf.core import engine as engine_lib
+from ndq_tf.core import exchanges
+from ndq_tf.core import fusion
 from ndq_tf.distribute import options as options_lib
 
 

@@ -9,8 +9,9 @@ import tensorflow as tf
 import ndq_tf
 from ndq_tf import ops
 from ndq_tf import theory
-from ndq_tf.distribute.transports import all_gather
-from ndq_tf.distribute.transports import collective_sum
+from ndq_tf.core import cost_model
+from ndq_tf.core.transports import all_gather
+from ndq_tf.core.transports import collective_sum
 
 _N = 2**20
 
@@ -56,16 +57,16 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
     codec = _dqsg(1, 4)
     # Payload: ceil(10/20) = 1 word of codes + ceil(10/4) = 3 scales;
     # row: 5 header words + 4 = 9 words; (P - 1) rows sent.
-    self.assertEqual(theory.exchange_bits(codec, 10, 3, "all_gather"),
+    self.assertEqual(cost_model.exchange_bits(codec, 10, 3, "all_gather"),
                      2 * 9 * 32)
     # Sums up to 3·2 = 6: 3-bit lanes, 10 per int32: 1 word (an int64 would
     # be 64 bits); plus 3 float32 scales and the 8 words of step and
     # fingerprint stamps, through rings: 2(P-1)/P = 4/3.
-    self.assertAlmostEqual(theory.exchange_bits(codec, 10, 3, "all_reduce"),
+    self.assertAlmostEqual(cost_model.exchange_bits(codec, 10, 3, "all_reduce"),
                            4 / 3 * (32 + (3 + 8) * 32))
-    self.assertAlmostEqual(theory.exchange_bits(None, 10, 3, "float32_ring"),
+    self.assertAlmostEqual(cost_model.exchange_bits(None, 10, 3, "float32_ring"),
                            4 / 3 * 320)
-    self.assertAlmostEqual(theory.exchange_bits(None, 10, 3, "float16_ring"),
+    self.assertAlmostEqual(cost_model.exchange_bits(None, 10, 3, "float16_ring"),
                            4 / 3 * 160)
 
   def test_larger_case_by_hand(self):
@@ -73,9 +74,9 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
     # (12 per int64: as dense): 174763 words; 2048 scales, 8 stamp words.
     codec = _dqsg(1, 512)
     words = -(-_N // 6)
-    self.assertAlmostEqual(theory.exchange_bits(codec, _N, 8, "all_reduce"),
+    self.assertAlmostEqual(cost_model.exchange_bits(codec, _N, 8, "all_reduce"),
                            2 * 7 / 8 * 32 * (words + 2048 + 8))
-    self.assertEqual(theory.exchange_bits(codec, _N, 8, "all_gather"),
+    self.assertEqual(cost_model.exchange_bits(codec, _N, 8, "all_gather"),
                      7 * 32 * (5 + -(-_N // 20) + 2048))
 
   def test_nested_group_rows_are_padded_to_the_longest_payload(self):
@@ -85,15 +86,15 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
     nested = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3,
                                         bucket_size=64)
     codecs = [reference, nested, nested]
-    self.assertEqual(theory.exchange_bits(codecs, 100, 3, "all_gather"),
+    self.assertEqual(cost_model.exchange_bits(codecs, 100, 3, "all_gather"),
                      2 * 32 * (5 + 12))
-    self.assertEqual(theory.exchange_bits([nested] * 3, 100, 3, "all_gather"),
+    self.assertEqual(cost_model.exchange_bits([nested] * 3, 100, 3, "all_gather"),
                      2 * 32 * (5 + 7))
-    self.assertEqual(theory.auto_transport(codecs, 100, 3), "all_gather")
+    self.assertEqual(cost_model.auto(codecs, 100, 3), "all_gather")
     with self.assertRaisesRegex(ValueError, "`codec`.*same for every worker"):
-      theory.exchange_bits(codecs, 100, 3, "all_reduce")
+      cost_model.exchange_bits(codecs, 100, 3, "all_reduce")
     with self.assertRaisesRegex(ValueError, "`codec`.*one per worker \\(4\\)"):
-      theory.exchange_bits(codecs, 100, 4, "all_gather")
+      cost_model.exchange_bits(codecs, 100, 4, "all_gather")
 
   def test_all_gather_matches_the_transports_framing(self):
     # The transport's own accounting: payload + framing = one row.
@@ -104,7 +105,7 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
     words = [c.wire_bits(n) // 32 for c in codecs]
     for k, c in enumerate(codecs):
       row = c.wire_bits(n) + transport.framing_bits(words, [k])
-      self.assertEqual(theory.exchange_bits(codecs, n, p, "all_gather"),
+      self.assertEqual(cost_model.exchange_bits(codecs, n, p, "all_gather"),
                        (p - 1) * row)
 
   @parameterized.parameters(2, 3, 8, 128)
@@ -120,26 +121,26 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
         None, p, 0, "/cpu:0").framing_bits(step_checked=True)
     bits = (words.shape[0] * words.dtype.size * 8
             + payload.scales.shape[0] * 32 + stamps)
-    self.assertAlmostEqual(theory.exchange_bits(codec, n, p, "all_reduce"),
+    self.assertAlmostEqual(cost_model.exchange_bits(codec, n, p, "all_reduce"),
                            2 * (p - 1) / p * bits)
 
   @parameterized.parameters("all_gather", "all_reduce", "float32_ring",
                             "float16_ring")
   def test_one_worker_sends_nothing(self, transport):
     codec = None if transport.startswith("float") else _dqsg()
-    self.assertEqual(theory.exchange_bits(codec, _N, 1, transport), 0)
+    self.assertEqual(cost_model.exchange_bits(codec, _N, 1, transport), 0)
 
   def test_float_codecs_all_reduce_through_their_float_ring(self):
     for p in (2, 8, 64):
       self.assertEqual(
-          theory.exchange_bits(ndq_tf.Float32Codec(), _N, p, "all_reduce"),
-          theory.exchange_bits(None, _N, p, "float32_ring"))
+          cost_model.exchange_bits(ndq_tf.Float32Codec(), _N, p, "all_reduce"),
+          cost_model.exchange_bits(None, _N, p, "float32_ring"))
       self.assertEqual(
-          theory.exchange_bits(ndq_tf.Float16Codec(), _N, p, "all_reduce"),
-          theory.exchange_bits(None, _N, p, "float16_ring"))
+          cost_model.exchange_bits(ndq_tf.Float16Codec(), _N, p, "all_reduce"),
+          cost_model.exchange_bits(None, _N, p, "float16_ring"))
       self.assertEqual(
-          theory.exchange_bits(ndq_tf.Float16Codec(), _N, p, "float16_ring"),
-          theory.exchange_bits(None, _N, p, "float16_ring"))
+          cost_model.exchange_bits(ndq_tf.Float16Codec(), _N, p, "float16_ring"),
+          cost_model.exchange_bits(None, _N, p, "float16_ring"))
 
   def test_codes_add_up(self):
     adds_up = {"float32", "float16", "dqsg", "half_dithered", "qsgd",
@@ -153,34 +154,34 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
 
     self.assertFalse(theory.codes_add_up(MyCodec()))
     with self.assertRaisesRegex(ValueError, "`codec`.*only DitheredCodec"):
-      theory.exchange_bits(MyCodec(), 10, 2, "all_reduce")
+      cost_model.exchange_bits(MyCodec(), 10, 2, "all_reduce")
 
   def test_nested_codec_under_all_reduce_says_why(self):
     nested = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)
     with self.assertRaisesRegex(
         ValueError, "`codec`.*nested codes.*side information.*all_gather"):
-      theory.exchange_bits(nested, _N, 8, "all_reduce")
-    self.assertEqual(theory.auto_transport(nested, _N, 1024), "all_gather")
+      cost_model.exchange_bits(nested, _N, 8, "all_reduce")
+    self.assertEqual(cost_model.auto(nested, _N, 1024), "all_gather")
 
   def test_bad_arguments_raise(self):
     with self.assertRaisesRegex(
         ValueError, "`transport` must be one of 'all_gather', 'all_reduce', "
         "'reduce_scatter', 'float32_ring', 'float16_ring'. Received: "
         "transport='ring'"):
-      theory.exchange_bits(_dqsg(), 10, 2, "ring")
+      cost_model.exchange_bits(_dqsg(), 10, 2, "ring")
     with self.assertRaisesRegex(ValueError, "`num_workers`.*num_workers=0"):
-      theory.exchange_bits(_dqsg(), 10, 0, "all_gather")
+      cost_model.exchange_bits(_dqsg(), 10, 0, "all_gather")
     with self.assertRaisesRegex(ValueError, "`num_elements`.*=-1"):
-      theory.exchange_bits(_dqsg(), -1, 2, "all_gather")
+      cost_model.exchange_bits(_dqsg(), -1, 2, "all_gather")
     with self.assertRaisesRegex(ValueError, "`codec` must be None"):
-      theory.exchange_bits(_dqsg(), 10, 2, "float16_ring")
+      cost_model.exchange_bits(_dqsg(), 10, 2, "float16_ring")
     with self.assertRaisesRegex(ValueError, "`codec` must be None"):
-      theory.exchange_bits(ndq_tf.Float32Codec(), 10, 2, "float16_ring")
+      cost_model.exchange_bits(ndq_tf.Float32Codec(), 10, 2, "float16_ring")
     with self.assertRaisesRegex(ValueError, "`codec` is required"):
-      theory.exchange_bits(None, 10, 2, "all_gather")
+      cost_model.exchange_bits(None, 10, 2, "all_gather")
     with self.assertRaisesRegex(ValueError, "below 2\\*\\*31"):
-      theory.exchange_bits(_dqsg(32767), 10, 2**16, "all_reduce")
-    self.assertEqual(theory.auto_transport(_dqsg(32767), 10, 2**16),
+      cost_model.exchange_bits(_dqsg(32767), 10, 2**16, "all_reduce")
+    self.assertEqual(cost_model.auto(_dqsg(32767), 10, 2**16),
                      "all_gather")
 
 
@@ -194,7 +195,7 @@ class BreakEvenTest(tf.test.TestCase):
 
     def first_worse(baseline_bits):
       for p in range(2, 200):
-        if (theory.exchange_bits(codec, _N, p, "all_gather")
+        if (cost_model.exchange_bits(codec, _N, p, "all_gather")
             > theory.ring_all_reduce_bits(baseline_bits * _N, p)):
           return p
       return None
@@ -205,10 +206,10 @@ class BreakEvenTest(tf.test.TestCase):
     for baseline, about, first in ((32, 38, 39), (16, 19, 20), (8, 10, 10)):
       self.assertAlmostEqual(2 * baseline / bits, about, delta=0.6)
       self.assertEqual(first_worse(baseline), first)
-    self.assertLess(theory.exchange_bits(codec, _N, 38, "all_gather"),
-                    theory.exchange_bits(None, _N, 38, "float32_ring"))
-    self.assertGreater(theory.exchange_bits(codec, _N, 20, "all_gather"),
-                       theory.exchange_bits(None, _N, 20, "float16_ring"))
+    self.assertLess(cost_model.exchange_bits(codec, _N, 38, "all_gather"),
+                    cost_model.exchange_bits(None, _N, 38, "float32_ring"))
+    self.assertGreater(cost_model.exchange_bits(codec, _N, 20, "all_gather"),
+                       cost_model.exchange_bits(None, _N, 20, "float16_ring"))
 
   def test_by_bits_alone_the_all_gather_yields_once(self):
     # On devices whose work the model does not price (`on_cpu=False`):
@@ -216,7 +217,7 @@ class BreakEvenTest(tf.test.TestCase):
     # all-gather never comes back.
     for codec in (_dqsg(1), _dqsg(3), ndq_tf.TernGradCodec(),
                   ndq_tf.QSGDCodec(num_levels=1)):
-      choices = [theory.auto_transport(codec, _N, p, on_cpu=False)
+      choices = [cost_model.auto(codec, _N, p, on_cpu=False)
                  for p in range(1, 257)]
       self.assertEqual(choices[:2], ["all_gather"] * 2, repr(codec))
       self.assertNotIn("all_gather", choices[2:], repr(codec))
@@ -227,12 +228,12 @@ class BreakEvenTest(tf.test.TestCase):
     codec = _dqsg(1)
     for p in (8, 64, 1024):
       lane = math.ceil(math.log2(2 * p + 1))
-      per_element = theory.exchange_bits(codec, _N, p, "all_reduce") / _N
+      per_element = cost_model.exchange_bits(codec, _N, p, "all_reduce") / _N
       self.assertLess(per_element, 2 * (lane * 64 / (63 // lane) + 0.07))
-    self.assertLess(theory.exchange_bits(codec, _N, 1024, "all_reduce"),
-                    theory.exchange_bits(None, _N, 1024, "float16_ring"))
+    self.assertLess(cost_model.exchange_bits(codec, _N, 1024, "all_reduce"),
+                    cost_model.exchange_bits(None, _N, 1024, "float16_ring"))
     self.assertTrue(np.isclose(
-        theory.exchange_bits(codec, _N, 1024, "all_gather") / _N,
+        cost_model.exchange_bits(codec, _N, 1024, "all_gather") / _N,
         1023 * (theory.bits_per_element(codec, _N)
                 + all_gather.HEADER_WORDS * 32 / _N)))
 

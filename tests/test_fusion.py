@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import ndq_tf
 from ndq_tf import ops
-from ndq_tf.distribute import fusion
+from ndq_tf.core import fusion
 
 M = 3  # DitheredCodec(num_levels=3): 7 levels, step 1/3.
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ndq_tf.distribute import fusion_sum
+from ndq_tf.core import fusion_sum
 
 
 def _buffers(count, n, seed):

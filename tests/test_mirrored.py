@@ -17,10 +17,10 @@ import tensorflow as tf
 
 import ndq_tf
 import ndq_tf.keras
+from ndq_tf.core.scope import compressed
+from ndq_tf.core.scope import uncompressed
 from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
 from ndq_tf.distribute.mirrored import MirroredStrategy
-from ndq_tf.distribute.scope import compressed
-from ndq_tf.distribute.scope import uncompressed
 
 NUM_REPLICAS = 4
 M = 3  # DitheredCodec(num_levels=3): 7 levels, step 1/3.
@@ -154,7 +154,7 @@ class TestCompressedAllReduce:
           layout.wire_bits + 32 * ops.codec.num_scales(1024))
     assert stats["sent_bits"] == stats["payload_bits"]  # nothing lossless
     assert stats["model_link_bits"] == round(
-        NUM_REPLICAS * ndq_tf.theory.exchange_bits(ops.codec, 1024,
+        NUM_REPLICAS * ndq_tf.core.cost_model.exchange_bits(ops.codec, 1024,
                                                    NUM_REPLICAS, transport))
     # The float32 bits of the same elements: 1000 per replica.
     assert stats["compressed_elements"] == 1000

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from ndq_tf.core.transports import all_gather
 from ndq_tf.distribute import multi_worker
 from ndq_tf.distribute import options as options_lib
-from ndq_tf.distribute.transports import all_gather
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "multi_worker_scripts")

@@ -15,10 +15,10 @@ import tensorflow as tf
 
 import ndq_tf
 from ndq_tf import theory
-from ndq_tf.distribute import engine as engine_lib
-from ndq_tf.distribute import fusion
-from ndq_tf.distribute import nested_state
-from ndq_tf.distribute import ready_order
+from ndq_tf.core import engine as engine_lib
+from ndq_tf.core import fusion
+from ndq_tf.core import nested_state
+from ndq_tf.core import ready_order
 from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
 from ndq_tf.distribute.mirrored import MirroredStrategy
 

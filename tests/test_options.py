@@ -6,7 +6,8 @@ Moved from test_nested_allreduce.py and test_all_reduce.py; no devices.
 import pytest
 
 import ndq_tf
-from ndq_tf.distribute import exchanges
+from ndq_tf.core import cost_model
+from ndq_tf.core import exchanges
 from ndq_tf.distribute import options as options_lib
 from ndq_tf.distribute.options import CompressionOptions
 
@@ -39,7 +40,7 @@ def test_auto_with_a_nested_group_gathers():
 @pytest.mark.parametrize("p", [2, 4, 8, 1024])
 def test_auto_resolves_what_the_exchanges_pick(p):
   options = CompressionOptions(ndq_tf.DitheredCodec(num_levels=1))
-  assert options.resolve_transport(p, 1 << 20) == exchanges.auto(
+  assert options.resolve_transport(p, 1 << 20) == cost_model.auto(
       options.sender_codecs(p), 1 << 20, p)
 
 

@@ -19,8 +19,9 @@ def _python(code):
 
 
 def test_import_loads_no_tensorflow():
-  code = ("import sys, ndq_tf, ndq_tf.distribute, ndq_tf.launch, "
-          "ndq_tf.distribute.tf_config, ndq_tf.distribute.startup_watchdog\n"
+  code = ("import sys, ndq_tf, ndq_tf.core, ndq_tf.distribute, "
+          "ndq_tf.launch, ndq_tf.theory, ndq_tf.distribute.tf_config, "
+          "ndq_tf.distribute.startup_watchdog\n"
           "heavy = [m for m in sys.modules if m.split('.')[0] in "
           "('tensorflow', 'keras', 'numpy')]\n"
           "assert not heavy, heavy\n"
@@ -47,8 +48,8 @@ def test_old_cluster_paths_are_the_moved_modules_and_warn():
     assert "DeprecationWarning: " in proc.stderr and new in proc.stderr
 
 
-@pytest.mark.parametrize("package", [ndq_tf, ndq_tf.distribute],
-                         ids=["ndq_tf", "ndq_tf.distribute"])
+@pytest.mark.parametrize("package", [ndq_tf, ndq_tf.core, ndq_tf.distribute],
+                         ids=["ndq_tf", "ndq_tf.core", "ndq_tf.distribute"])
 def test_every_public_name_resolves_and_is_listed(package):
   for name in package.__all__:
     assert getattr(package, name) is not None, name
@@ -63,8 +64,8 @@ def test_names_are_the_defining_modules_objects():
           ndq_tf.distribute.MultiWorkerMirroredStrategy is
           multi_worker.MultiWorkerMirroredStrategy)
   # Submodules read as attributes, as an eager __init__ made them.
-  assert ndq_tf.distribute.engine.SEED_TAG == 0x4E445154
-  assert ndq_tf.theory.TRANSPORTS
+  assert ndq_tf.core.engine.SEED_TAG == 0x4E445154
+  assert ndq_tf.core.cost_model.TRANSPORTS
 
 
 def test_unknown_name_is_an_attribute_error():

@@ -1,7 +1,7 @@
 """The package's metadata agrees with the code and with what CI tests.
 
 One source each: the version (`ndq_tf/version.py`), the supported TensorFlow
-and Keras (`ndq_tf.distribute.tf_internals`, which refuses others at import),
+and Keras (`ndq_tf.core.tf_internals`, which refuses others at import),
 the oldest pair CI installs (the Makefile's `OLDEST`, `make test-oldest`) and
 the tiers (tests/BUILD's tags, read by tests/conftest.py). These tests
 keep pyproject.toml, the Makefile, the changelog and the code equal.
@@ -16,9 +16,9 @@ import tensorflow as tf
 
 import conftest
 import ndq_tf
-from ndq_tf.cluster import launch
 from ndq_tf import version as version_lib
-from ndq_tf.distribute import tf_internals
+from ndq_tf.cluster import launch
+from ndq_tf.core import tf_internals
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+.

@@ -1,7 +1,7 @@
 """Chunks in ready order (issue #20): chunk 0 waits for the last layers only.
 
 The engine fuses a call's gradients in the order the backward pass
-produces them, the last variable's first (`ndq_tf.distribute.ready_order`),
+produces them, the last variable's first (`ndq_tf.core.ready_order`),
 so that the first chunk's encode and exchange can run while the first
 layers' gradients are still being computed. Checked on the graph of one
 real training step (Keras 3's `apply_gradients` under
@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 import ndq_tf
-from ndq_tf.distribute import ready_order
+from ndq_tf.core import ready_order
 
 NUM_REPLICAS = 2
 #: Input 16, then 64, 64, 8: kernels of 1024, 4096 and 512 elements, so

@@ -12,15 +12,15 @@ import tensorflow as tf
 
 import ndq_tf
 from ndq_tf import theory
-from ndq_tf.distribute import engine as engine_lib
-from ndq_tf.distribute import exchanges
-from ndq_tf.distribute import fusion
-from ndq_tf.distribute import nested_state
-from ndq_tf.distribute import transports
-from ndq_tf.distribute.exchanges import reduce_scatter
+from ndq_tf.core import cost_model
+from ndq_tf.core import engine as engine_lib
+from ndq_tf.core import fusion
+from ndq_tf.core import nested_state
+from ndq_tf.core import transports
+from ndq_tf.core.exchanges import reduce_scatter
+from ndq_tf.core.scope import compressed
 from ndq_tf.distribute.mirrored import MirroredStrategy
 from ndq_tf.distribute.options import CompressionOptions
-from ndq_tf.distribute.scope import compressed
 
 NUM_REPLICAS = 4
 
@@ -108,18 +108,18 @@ def test_cost_model_is_flat_in_the_workers():
     bits = reduce_scatter.reduce_scatter_bits(codec, n, p, stage2=ternary)
     assert bits == 32 * (p - 1) * 2 * (5 + words)
     assert bits / n <= 3.5
-    bits = theory.exchange_bits(codec, n, p, "reduce_scatter")
+    bits = cost_model.exchange_bits(codec, n, p, "reduce_scatter")
     assert bits == 32 * (p - 1) * (
         10 + words + default.wire_bits(shard) // 32)
     assert bits / n <= 4.3
   # Nested codecs need a reference group decoded first.
   with pytest.raises(ValueError, match="nested codecs need side information"):
-    theory.exchange_bits(ndq_tf.NestedDitheredCodec(), n, 4, "reduce_scatter")
+    cost_model.exchange_bits(ndq_tf.NestedDitheredCodec(), n, 4, "reduce_scatter")
   group = [codec, codec, ndq_tf.NestedDitheredCodec(coarse_ratio=3)] * 2
   shard = -(-n // 512 // 6) * 512
   w1 = max(c.wire_bits(shard) // 32 for c in group)
-  assert theory.exchange_bits(group[:4], n, 4, "reduce_scatter") > 0
-  assert theory.exchange_bits(group, n, 6, "reduce_scatter") == 32 * 5 * (
+  assert cost_model.exchange_bits(group[:4], n, 4, "reduce_scatter") > 0
+  assert cost_model.exchange_bits(group, n, 6, "reduce_scatter") == 32 * 5 * (
       10 + w1 + default.wire_bits(shard) // 32)
 
 
@@ -159,7 +159,7 @@ def test_replicas_end_bitwise_identical_with_the_models_bits():
   assert stats["payload_bits"] == 32 * NUM_REPLICAS * 3 * shard_words + (
       32 * 3 * reduced_words)
   assert stats["sent_bits"] == stats["payload_bits"]  # Nothing framed.
-  assert stats["model_link_bits"] == round(NUM_REPLICAS * theory.exchange_bits(
+  assert stats["model_link_bits"] == round(NUM_REPLICAS * cost_model.exchange_bits(
       codec, n, NUM_REPLICAS, "reduce_scatter"))
   assert stats["compressed_elements"] == 1300
 
@@ -314,7 +314,7 @@ def test_nested_group_keeps_the_all_gathers_noise_state_bit_for_bit(
   codecs = engines["reduce_scatter"].options.sender_codecs(NUM_REPLICAS)
   n = sum(-(-int(np.prod(s)) // d) * d for s in shapes)
   assert stats["reduce_scatter"]["model_link_bits"] == round(
-      NUM_REPLICAS * theory.exchange_bits(codecs, n, NUM_REPLICAS,
+      NUM_REPLICAS * cost_model.exchange_bits(codecs, n, NUM_REPLICAS,
                                           "reduce_scatter"))
 
 
@@ -393,4 +393,4 @@ def test_adaptive_nested_group_is_refused_across_processes():
   CompressionOptions(adaptive=False, **kwargs)
   codecs = options.sender_codecs(4)
   assert reduce_scatter.EXCHANGE.bits(codecs, 2**20, 4) > 0
-  assert exchanges.auto(codecs, 2**20, 4) == "all_gather"
+  assert cost_model.auto(codecs, 2**20, 4) == "all_gather"

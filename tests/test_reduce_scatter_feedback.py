@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ndq_tf.distribute import engine as engine_lib
+from ndq_tf.core import engine as engine_lib
 from ndq_tf.distribute.options import CompressionOptions
 
 import test_reduce_scatter as rs

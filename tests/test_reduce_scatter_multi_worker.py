@@ -12,7 +12,7 @@ processes at a time):
 * `p3`, `p2`: 10 steps; identical SHA-256 weights on every worker, the
   telemetry's transport and the cost model's link bits. `p3` asks for
   `transport="auto"`, which the time model resolves to the reduce-scatter
-  on 3 or more worker processes on CPUs (`exchanges.auto`);
+  on 3 or more worker processes on CPUs (`cost_model.auto`);
 * `nested2`: 2 workers, a nested group in the fixed mode (worker 0 sends
   DQSG, worker 1 NDQSG decoded with worker 0's shard as side
   information), 5 steps: identical weights, and worker 1 counts its
@@ -34,8 +34,8 @@ import pytest
 import tensorflow as tf
 
 import test_all_reduce_multi_worker as all_reduce_jobs
-from ndq_tf import theory
-from ndq_tf.distribute import fusion
+from ndq_tf.core import cost_model
+from ndq_tf.core import fusion
 from ndq_tf.distribute import options as options_lib
 
 TRANSPORT = "reduce_scatter"
@@ -103,7 +103,7 @@ def test_nested_group_keeps_workers_bitwise_identical(jobs):
   n = fusion.FusionPlan.from_tensors(compressed,
                                      options.codec.bucket_size).total_size
   lossless = sum(sizes) - n
-  link_bits = (round(theory.exchange_bits(options.sender_codecs(2), n, 2,
+  link_bits = (round(cost_model.exchange_bits(options.sender_codecs(2), n, 2,
                                           TRANSPORT))
                + round(32 * lossless * 1.0))  # A float ring: 2(P - 1)/P = 1.
   for i, r in enumerate(results):

@@ -20,8 +20,8 @@ import tensorflow as tf
 import ndq_tf
 from ndq_tf import ops
 from ndq_tf import theory
-from ndq_tf.distribute import engine as engine_lib
-from ndq_tf.distribute import fusion
+from ndq_tf.core import engine as engine_lib
+from ndq_tf.core import fusion
 from ndq_tf.ops import rotation_ops
 
 SEED = tf.constant([2024, 7], tf.int32)

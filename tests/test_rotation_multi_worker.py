@@ -27,8 +27,8 @@ import multi_worker_job
 import ndq_tf
 from ndq_tf import ops
 from ndq_tf import theory
-from ndq_tf.distribute import engine as engine_lib
-from ndq_tf.distribute import fusion
+from ndq_tf.core import engine as engine_lib
+from ndq_tf.core import fusion
 
 WORKER = os.path.join(multi_worker_job.ROOT, "tests", "multi_worker_scripts",
                       "rotation_worker.py")

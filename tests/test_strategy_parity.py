@@ -29,9 +29,9 @@ import pytest
 import tensorflow as tf
 
 import ndq_tf
-from ndq_tf.distribute import telemetry
+from ndq_tf.core import telemetry
 import multi_worker_job as job_lib
-from ndq_tf.distribute.transports import all_gather
+from ndq_tf.core.transports import all_gather
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "multi_worker_scripts")
@@ -130,7 +130,7 @@ def _digests(results, *keys):
 
 
 def _assert_stats_of_transport(stats, transport):
-  # Two senders: "auto" gathers on both (ndq_tf.theory.auto_transport).
+  # Two senders: "auto" gathers on both (ndq_tf.core.cost_model.auto).
   assert stats["transport"] == "all_gather"
   assert stats["senders"] == 2
   assert stats["local_senders"] == (2 if transport == "device_copy" else 1)

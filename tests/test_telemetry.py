@@ -1,10 +1,10 @@
-"""Tests of `ndq_tf.distribute.telemetry` on its own (no strategies)."""
+"""Tests of `ndq_tf.core.telemetry` on its own (no strategies)."""
 
 import pytest
 import tensorflow as tf
 
-from ndq_tf.distribute import exchanges
-from ndq_tf.distribute import telemetry
+from ndq_tf.core import exchanges
+from ndq_tf.core import telemetry
 
 
 def test_lossless_size_counts_dense_and_sparse_values():

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import ndq_tf
 from ndq_tf import theory
+from ndq_tf.ops import rotation_ops
 
 _MC = 1 << 21
 
@@ -261,6 +262,23 @@ class BitsFormulaTest(tf.test.TestCase, parameterized.TestCase):
   def test_bits_per_element_rejects_empty(self, n):
     with self.assertRaisesRegex(ValueError, "`num_elements`"):
       theory.bits_per_element(ndq_tf.DitheredCodec(), n)
+
+
+class RotationFormulaTest(tf.test.TestCase, parameterized.TestCase):
+
+  def test_rotation_domain_gain_is_the_ops_own(self):
+    for k in range(16):
+      self.assertEqual(theory.rotation_domain_gain(2**k),
+                       rotation_ops.domain_gain(2**k))
+
+  def test_rotation_domain_gain_hand_values(self):
+    self.assertEqual(theory.rotation_domain_gain(512), 2**-0.5)
+    self.assertEqual(theory.rotation_domain_gain(256), 1.0)
+
+  @parameterized.parameters(0, 3, 384)
+  def test_rotation_domain_gain_rejects_other_sizes(self, d):
+    with self.assertRaisesRegex(ValueError, f"bucket_size={d}"):
+      theory.rotation_domain_gain(d)
 
 
 if __name__ == "__main__":

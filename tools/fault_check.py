@@ -188,7 +188,7 @@ FAULTS = [
         what="The deterministic sum of the decoded buffers stops one sender "
              "short: every replica trains on a sum without the last "
              "worker's gradient.",
-        file="ndq_tf/distribute/fusion_sum.py",
+        file="ndq_tf/core/fusion_sum.py",
         symbol="_fold",
         old="for tensor in tensors[1:]:",
         new="for tensor in tensors[1:-1]:",
@@ -198,7 +198,7 @@ FAULTS = [
         what="The payload seed folds `step + sender` instead of the step then "
              "the sender: sender s at step t reuses sender 0's dither of "
              "step t + s, so dithers repeat across steps and senders.",
-        file="ndq_tf/distribute/fusion_codec.py",
+        file="ndq_tf/core/fusion_codec.py",
         symbol="derive_seed",
         old="ndq_ops.fold_seed(ndq_ops.fold_seed(base_seed, step), sender)",
         new="ndq_ops.fold_seed(base_seed, step + sender)",
@@ -208,7 +208,7 @@ FAULTS = [
         what="A nested sender's side information divides the sum of the "
              "buffers decoded before it by one sender too many: a shrunk "
              "estimate, more overloads, silently wrong nested gradients.",
-        file="ndq_tf/distribute/fusion_codec.py",
+        file="ndq_tf/core/fusion_codec.py",
         symbol="decode_senders",
         old="fusion_sum.sum_stacked(decoded) / len(decoded)",
         new="fusion_sum.sum_stacked(decoded) / (sender + 1)",
@@ -221,7 +221,7 @@ FAULTS = [
         what="The workers' options check compares worker 0's config with "
              "itself, so workers built with different seeds or codecs decode "
              "each other's payloads as garbage without an error.",
-        file="ndq_tf/distribute/fingerprint.py",
+        file="ndq_tf/core/fingerprint.py",
         symbol="check_agreement",
         old="_decode_words(rows[i], int(heads[i, 1]))",
         new="_decode_words(rows[0], int(heads[0, 1]))",
@@ -260,7 +260,7 @@ FAULTS = [
              "first elements (offset 0) in both stages: the same dither is "
              "reused across shards, their errors are correlated, and stage "
              "1's codes are no longer the all-gather's.",
-        file="ndq_tf/distribute/exchanges/reduce_scatter.py",
+        file="ndq_tf/core/exchanges/reduce_scatter.py",
         symbol="shards",
         old="((0, start, length, start),)",
         new="((0, start, length, 0),)",
@@ -272,7 +272,7 @@ FAULTS = [
         what="The telemetry counts every lossless element as 32 bits, "
              "whatever its dtype: float16 and float64 tensors get wrong "
              "sent_bits and compression ratios.",
-        file="ndq_tf/distribute/telemetry.py",
+        file="ndq_tf/core/telemetry.py",
         symbol="lossless_size",
         old="lossless_bits += n * v.dtype.size * 8",
         new="lossless_bits += n * 32",
@@ -283,7 +283,7 @@ FAULTS = [
              "reference codec of a nested group, and may pick the "
              "reduce-scatter, which refuses the adaptive nested mode across "
              "processes at the first step.",
-        file="ndq_tf/distribute/exchanges/__init__.py",
+        file="ndq_tf/core/cost_model.py",
         symbol="auto",
         old="for c in base.sender_codecs(codec, num_workers))",
         new="for c in base.sender_codecs(codec, num_workers)[:1])",

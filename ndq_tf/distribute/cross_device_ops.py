@@ -2,7 +2,7 @@
 
 Plug it into `tf.distribute.MirroredStrategy` (or use `ndq_tf.MirroredStrategy`,
 which does it for you). The gradient all-reduce is compressed by the
-exchange engine (`ndq_tf.distribute.engine`) over device copies
+exchange engine (`ndq_tf.core.engine`) over device copies
 (`transports.DeviceCopyTransport`); everything else travels losslessly
 through a fallback `CrossDeviceOps`.
 """
@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import math
 from typing import Any, Mapping, Union
-import warnings
 
 from absl import logging
 import keras
 import tensorflow as tf
 
+from ndq_tf import _deprecation
 from ndq_tf import codecs
-from ndq_tf.distribute import engine as engine_lib
+from ndq_tf.core import engine as engine_lib
+from ndq_tf.core import tf_internals
+from ndq_tf.core import transports
 from ndq_tf.distribute import gradient_detection
 from ndq_tf.distribute import options as options_lib
-from ndq_tf.distribute import tf_internals
-from ndq_tf.distribute import transports
 
 __all__ = [
     "CompressedAllReduce",
@@ -34,12 +34,6 @@ __all__ = [
 CodecLike = Union[codecs.Codec, str, Mapping[str, Any]]
 
 
-def _deprecated(name, replacement):
-  warnings.warn(
-      f"`{name}` is deprecated and will be removed in the next release; use "
-      f"{replacement} instead.", DeprecationWarning, stacklevel=3)
-
-
 class DeprecatedTelemetry:
   """Telemetry names of release 0.1.0, kept for one release (deprecated).
 
@@ -49,20 +43,20 @@ class DeprecatedTelemetry:
   @property
   def last_wire_bits(self):
     """Deprecated: `stats()["sent_bits"]`."""
-    _deprecated("last_wire_bits", '`stats()["sent_bits"]`')
+    _deprecation.warn("`last_wire_bits`", '`stats()["sent_bits"]`')
     return self.stats()["sent_bits"]
 
   @property
   def last_overload_rate(self):
     """Deprecated: `stats()["overload_rate"]` (NaN without a nested codec)."""
-    _deprecated("last_overload_rate", '`stats()["overload_rate"]`')
+    _deprecation.warn("`last_overload_rate`", '`stats()["overload_rate"]`')
     return self.stats().get("overload_rate", math.nan)
 
   @property
   def wire_bits_per_element(self):
     """Deprecated: `stats()["sent_bits_per_element"]`."""
-    _deprecated("wire_bits_per_element",
-                '`stats()["sent_bits_per_element"]`')
+    _deprecation.warn("`wire_bits_per_element`",
+                      '`stats()["sent_bits_per_element"]`')
     return self.stats()["sent_bits_per_element"]
 
 
@@ -80,7 +74,7 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
   compiled fold in that order, so every replica gets bitwise the same
   result and mirrored variables stay identical. The rules of what is
   compressed, the seeds, the decode order and the nested groups are the
-  exchange engine's (`ndq_tf.distribute.engine`), shared with
+  exchange engine's (`ndq_tf.core.engine`), shared with
   `ndq_tf.MultiWorkerMirroredStrategy`; the equations are in
   docs/algorithms.md.
 
@@ -107,7 +101,7 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
   Keras model (`model.save_weights`, `keras.callbacks.BackupAndRestore`): a
   restore continues the dither sequence.
 
-  Telemetry: `stats()` (the keys of `ndq_tf.distribute.telemetry`, the same
+  Telemetry: `stats()` (the keys of `ndq_tf.core.telemetry`, the same
   for every strategy); `ndq_tf.CompressionStats` puts them in the Keras logs.
 
   Nested codecs (NDQSG, the paper's Algorithm 2): with
@@ -153,7 +147,7 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
       TernGrad, QSGD, and float16/float32 values summed as floats),
       `"reduce_scatter"` (shards summed by their receivers, re-quantized
       and gathered) or `"auto"` (default: the one a time model of bits and
-      CPU work says is fastest, `ndq_tf.theory.auto_transport`, logged
+      CPU work says is fastest, `ndq_tf.core.cost_model.auto`, logged
       once); see docs/scaling.md.
     reduce_scatter_levels: `transport="reduce_scatter"` only: levels of
       the DQSG that re-quantizes the reduced shards (None: the codec's

@@ -70,8 +70,8 @@ import threading
 import tensorflow as tf
 from absl import logging
 
-from ndq_tf.distribute import scope
-from ndq_tf.distribute import tf_internals
+from ndq_tf.core import scope
+from ndq_tf.core import tf_internals
 
 __all__ = [
     "LabellingExtendedMixin",

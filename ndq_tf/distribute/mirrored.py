@@ -6,10 +6,10 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
+from ndq_tf.core import tf_internals
 from ndq_tf.distribute import gradient_detection
 from ndq_tf.distribute import options as options_lib
 from ndq_tf.distribute import strategy_state
-from ndq_tf.distribute import tf_internals
 from ndq_tf.distribute.cross_device_ops import CodecLike
 from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
 

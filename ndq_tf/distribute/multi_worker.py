@@ -2,7 +2,7 @@
 
 Between workers, each step's gradients travel as one `int32` payload per
 worker: every worker sums its local replicas' gradients losslessly, encodes
-the sum once (the exchange engine, `ndq_tf.distribute.engine`, the same as
+the sum once (the exchange engine, `ndq_tf.core.engine`, the same as
 `ndq_tf.MirroredStrategy`'s), and the all-gather transport
 (`transports.AllGatherTransport`) moves the payloads; every worker decodes
 all senders in sender order and sums them deterministically, so every
@@ -32,15 +32,15 @@ import tensorflow as tf
 
 from ndq_tf.cluster import startup_watchdog
 from ndq_tf.cluster import tf_config
+from ndq_tf.core import engine as engine_lib
+from ndq_tf.core import fingerprint
+from ndq_tf.core import tf_internals
+from ndq_tf.core import transports
+from ndq_tf.core.exchanges import nested_shards
 from ndq_tf.distribute import cross_device_ops
-from ndq_tf.distribute import engine as engine_lib
-from ndq_tf.distribute import fingerprint
 from ndq_tf.distribute import gradient_detection
 from ndq_tf.distribute import options as options_lib
 from ndq_tf.distribute import strategy_state
-from ndq_tf.distribute import tf_internals
-from ndq_tf.distribute import transports
-from ndq_tf.distribute.exchanges import nested_shards
 
 __all__ = [
     "EXCHANGES_IN_FLIGHT",
@@ -347,7 +347,7 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
   each sender's step from its header; workers whose steps or fingerprints
   disagree stop with an error naming both, and workers built with other
   options stop when the strategy is built, naming the setting
-  (`ndq_tf.distribute.fingerprint`).
+  (`ndq_tf.core.fingerprint`).
 
   It also makes Keras 3's `model.fit` work with several workers
   (keras-team/keras#20585): `reduce` accepts nested structures and reduces
@@ -399,7 +399,7 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
       TF's float16 ring), `"reduce_scatter"` (shards summed by their
       receivers, re-quantized and all-gathered: bits and decode work flat
       in `P`), or `"auto"` (default: the one a time model of bits and CPU
-      work says is fastest, `ndq_tf.theory.auto_transport`, logged once;
+      work says is fastest, `ndq_tf.core.cost_model.auto`, logged once;
       every worker picks the same). See docs/scaling.md.
     reduce_scatter_levels: `transport="reduce_scatter"` only: levels of
       the DQSG that re-quantizes the reduced shards (None: the codec's

@@ -13,7 +13,8 @@ import inspect
 import keras
 
 from ndq_tf import codecs as ndq_codecs
-from ndq_tf.distribute import exchanges
+from ndq_tf.core import cost_model
+from ndq_tf.core import exchanges
 
 __all__ = [
     "DEFAULT_CHUNK_ELEMENTS",
@@ -25,7 +26,7 @@ __all__ = [
 ]
 
 #: The values of `transport`: how payloads travel (`CompressionOptions`):
-#: `"auto"` or one of the exchanges (`ndq_tf.distribute.exchanges.NAMES`).
+#: `"auto"` or one of the exchanges (`ndq_tf.core.exchanges.NAMES`).
 TRANSPORTS = ("auto",) + exchanges.NAMES
 
 #: Default `min_elements`: smaller tensors travel losslessly. Every tensor
@@ -125,7 +126,7 @@ class CompressionOptions:
     reference_group: nested `codec` only: size of P1 among the senders, an
       int count `>= 1` or a fraction in `(0, 1)`; default 0.5.
     adaptive: nested `codec` only: every nested sender encodes with its own
-      measured noise (see `ndq_tf.distribute.nested_state`). None: True
+      measured noise (see `ndq_tf.core.nested_state`). None: True
       iff `codec.alpha == "mmse"` (which needs it).
     transport: how the payloads travel: `"all_gather"` (every receiver
       gets every sender's payload and decodes each), `"all_reduce"` (the
@@ -136,11 +137,11 @@ class CompressionOptions:
       sender's shard `j` goes to receiver `j`, which sums the shards and
       re-quantizes the sum with DQSG for an all-gather; bits and decode
       work flat in the number of senders,
-      `ndq_tf.distribute.exchanges.reduce_scatter`; across processes not
+      `ndq_tf.core.exchanges.reduce_scatter`; across processes not
       in the adaptive nested mode), or `"auto"`
       (default): per exchange, the one a time model of bits and decode
       work says is fastest (`resolve_transport`,
-      `ndq_tf.theory.auto_transport`).
+      `ndq_tf.core.cost_model.auto`).
     chunk_elements: a fused buffer of more elements than this is encoded,
       sent, decoded and summed in chunks of about this many (whole
       buckets), so that the chunks' stages overlap; the result is bit for
@@ -153,7 +154,7 @@ class CompressionOptions:
     reduce_scatter_error_feedback: `transport="reduce_scatter"` only:
       each receiver adds its last re-quantization's residual to its
       reduced shard before re-quantizing it, so stage 2's errors do not
-      accumulate over steps (`ndq_tf.distribute.exchanges.feedback`;
+      accumulate over steps (`ndq_tf.core.exchanges.feedback`;
       default False).
     group_argument: the name the caller gave `reference_group` (e.g.
       `"reference_replicas"`, `"reference_workers"`), for error messages;
@@ -244,7 +245,7 @@ class CompressionOptions:
   def resolve_transport(self, num_senders, num_elements, **model):
     """The transport of an exchange of `num_elements` values among senders.
 
-    `"auto"` picks `ndq_tf.theory.auto_transport`: the exchange the time
+    `"auto"` picks `ndq_tf.core.cost_model.auto`: the exchange the time
     model says is fastest for this many senders and values (`model`: its
     `on_cpu` and `shared_memory`, from the senders' devices). Every sender
     resolves the same static numbers, so all of them pick the same (the
@@ -255,7 +256,7 @@ class CompressionOptions:
     """
     if self._transport != "auto":
       return self._transport
-    return exchanges.auto(self.sender_codecs(num_senders), num_elements,
+    return cost_model.auto(self.sender_codecs(num_senders), num_elements,
                           num_senders, **model)
 
   def _check_reference(self, codec, reference_codec, group, adaptive):

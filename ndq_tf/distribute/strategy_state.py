@@ -11,7 +11,7 @@ one).
 
 import numpy as np
 
-from ndq_tf.distribute import tf_internals
+from ndq_tf.core import tf_internals
 
 __all__ = [
     "StrategyState",
@@ -65,7 +65,7 @@ class StrategyState(tf_internals.Trackable, tf_internals.KerasSaveable):
   def compression_stats(self):
     """The telemetry of the last compressed exchange of this process.
 
-    The keys of `ndq_tf.distribute.telemetry`, the same for both strategies.
+    The keys of `ndq_tf.core.telemetry`, the same for both strategies.
     """
     return self.compression_engine.stats()
 

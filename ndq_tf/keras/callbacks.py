@@ -6,8 +6,8 @@ import warnings
 from absl import logging
 import keras
 
-from ndq_tf.distribute import engine as engine_lib
-from ndq_tf.distribute import tf_internals
+from ndq_tf.core import engine as engine_lib
+from ndq_tf.core import tf_internals
 
 __all__ = [
     "CompressionStats",
@@ -57,7 +57,7 @@ class CompressionStats(keras.callbacks.Callback):
   * `compression_ratio`: float32 bits / wire bits of the last step.
   * `link_compression_ratio`: what TF's float32 ring all-reduce would put
     on the links for the same elements / what this exchange's transport
-    puts there, by the cost model (`ndq_tf.theory.exchange_bits`); it
+    puts there, by the cost model (`ndq_tf.core.cost_model.exchange_bits`); it
     compares transports (`transport` says which one ran).
   * with a nested codec (NDQSG), when known: `overload_rate`, the elements
     of nested buckets that really decoded wrong in the last step (counted

@@ -5,8 +5,8 @@ import math
 import keras
 import tensorflow as tf
 
-from ndq_tf.distribute import tf_internals
-from ndq_tf.distribute.scope import uncompressed
+from ndq_tf.core import tf_internals
+from ndq_tf.core.scope import uncompressed
 
 __all__ = [
     "LossScaleOptimizer",

@@ -1,7 +1,7 @@
 """The fused buffer's layout: `FusionPlan` and its `Chunk`s.
 
 Many tensors in one `float32` buffer, every tensor starting on a bucket
-boundary (`ndq_tf.distribute.fusion` tells why), split into chunks of whole
+boundary (`ndq_tf.core.fusion` tells why), split into chunks of whole
 buckets that can be encoded and sent apart.
 """
 

@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from ndq_tf.distribute.transports import base
+from ndq_tf.core.transports import base
 
 __all__ = [
     "DeviceSumTransport",

@@ -16,8 +16,8 @@ import tensorflow as tf
 
 from ndq_tf import ops as ndq_ops
 from ndq_tf import theory
-from ndq_tf.distribute.exchanges import base
-from ndq_tf.distribute.transports import collective_sum
+from ndq_tf.core.exchanges import base
+from ndq_tf.core.transports import collective_sum
 
 __all__ = [
     "EXCHANGE",

@@ -1,7 +1,7 @@
 """All-to-all of framed shards, then an all-gather: the reduce-scatter transport.
 
 The transport of `transport="reduce_scatter"`
-(`ndq_tf.distribute.exchanges.reduce_scatter`). Stage 1 (`scatter`): every sender
+(`ndq_tf.core.exchanges.reduce_scatter`). Stage 1 (`scatter`): every sender
 has cut its payload into one wire per shard, and receiver `j` gets shard
 `j` of every sender, in sender order. Stage 2 (`gather`, a `Transport`):
 every receiver's one payload (its encoded reduced shard) goes to every
@@ -27,9 +27,9 @@ Cost per worker and step of stage 1: it sends `P - 1` rows of
 
 import tensorflow as tf
 
-from ndq_tf.distribute.transports import all_gather
-from ndq_tf.distribute.transports import base
-from ndq_tf.distribute.transports import device_copy
+from ndq_tf.core.transports import all_gather
+from ndq_tf.core.transports import base
+from ndq_tf.core.transports import device_copy
 
 __all__ = [
     "SCATTER_HEADER_WORDS",

@@ -4,7 +4,7 @@
 or one chunk of it) into its wire, each codec segment with
 `fold_seed(sender_seed, segment)`; `decode_senders` decodes every sender's
 wire in the fixed order, with side information for the nested senders.
-`ndq_tf.distribute.fusion` has the layout, the seeds and the order.
+`ndq_tf.core.fusion` has the layout, the seeds and the order.
 """
 
 import contextlib
@@ -12,8 +12,8 @@ import contextlib
 import tensorflow as tf
 
 from ndq_tf import ops as ndq_ops
-from ndq_tf.distribute import fusion_plan
-from ndq_tf.distribute import fusion_sum
+from ndq_tf.core import fusion_plan
+from ndq_tf.core import fusion_sum
 
 __all__ = [
     "decode_senders",

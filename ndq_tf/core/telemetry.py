@@ -29,7 +29,7 @@ Keys (all of the last compressed exchange):
 * `payload_bits`: the codec payloads alone, all local senders (measured,
   like `sent_bits`).
 * `model_link_bits`: what the local senders' links carry for this exchange
-  by the cost model, not measured (`ndq_tf.theory.exchange_bits`: `(P - 1)` framed rows
+  by the cost model, not measured (`ndq_tf.core.cost_model.exchange_bits`: `(P - 1)` framed rows
   for `"all_gather"`, `2(P - 1)/P` payloads for `"all_reduce"`, `(P - 1)`
   framed shard rows per stage for `"reduce_scatter"`; the lossless tensors as a float ring, `2(P - 1)/P` of their bits).
 * `compressed_elements`, `lossless_elements`: gradient elements per sender
@@ -78,12 +78,11 @@ reference worker: zeros):
   without nested senders here.
 """
 
-import warnings
-
 import tensorflow as tf
 
-from ndq_tf.distribute import exchanges
-from ndq_tf.distribute import tf_internals
+from ndq_tf import _deprecation
+from ndq_tf.core import exchanges
+from ndq_tf.core import tf_internals
 
 __all__ = [
     "DEPRECATED_KEYS",
@@ -253,10 +252,8 @@ class Stats(dict):
 
   def __getitem__(self, key):
     if key in DEPRECATED_KEYS:
-      warnings.warn(
-          f"The telemetry key {key!r} is deprecated and will be removed in "
-          f"the next release; use {DEPRECATED_KEYS[key]!r} instead.",
-          DeprecationWarning, stacklevel=2)
+      _deprecation.warn(f"The telemetry key {key!r}",
+                        repr(DEPRECATED_KEYS[key]))
     return super().__getitem__(key)
 
   def get(self, key, default=None):

@@ -27,9 +27,9 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from ndq_tf.distribute import fusion_codec
-from ndq_tf.distribute import nested_state
-from ndq_tf.distribute.exchanges import base
+from ndq_tf.core import fusion_codec
+from ndq_tf.core import nested_state
+from ndq_tf.core.exchanges import base
 
 __all__ = [
     "OwnShards",

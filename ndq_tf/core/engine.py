@@ -20,8 +20,8 @@ owns, for both alike:
 * the step counter, advanced once per compressed exchange.
 
 The exchange algorithms (chosen per exchange by the option `transport`,
-`CompressionOptions.resolve_transport`) are `ndq_tf.distribute.exchanges`;
-a *transport* (`ndq_tf.distribute.transports`) only moves bytes, knows no
+`CompressionOptions.resolve_transport`) are `ndq_tf.core.exchanges`;
+a *transport* (`ndq_tf.core.transports`) only moves bytes, knows no
 codecs.
 
 Ops are built under the name scopes `ndq_encode`, `ndq_exchange`,
@@ -35,15 +35,16 @@ import tensorflow as tf
 from absl import logging
 
 from ndq_tf import ops as ndq_ops
-from ndq_tf.distribute import exchanges
-from ndq_tf.distribute import fingerprint
-from ndq_tf.distribute import fusion_codec
-from ndq_tf.distribute import fusion_plan
-from ndq_tf.distribute import nested_state
-from ndq_tf.distribute import ready_order
-from ndq_tf.distribute import scope
-from ndq_tf.distribute import telemetry as telemetry_lib
-from ndq_tf.distribute import tf_internals
+from ndq_tf.core import cost_model
+from ndq_tf.core import exchanges
+from ndq_tf.core import fingerprint
+from ndq_tf.core import fusion_codec
+from ndq_tf.core import fusion_plan
+from ndq_tf.core import nested_state
+from ndq_tf.core import ready_order
+from ndq_tf.core import scope
+from ndq_tf.core import telemetry as telemetry_lib
+from ndq_tf.core import tf_internals
 
 __all__ = [
     "SEED_TAG",
@@ -256,7 +257,7 @@ class ExchangeEngine(tf.Module):
 
     Args:
       transports: one transport per exchange name (`{"all_gather":
-        Transport, ...}`, `ndq_tf.distribute.transports`) over the same
+        Transport, ...}`, `ndq_tf.core.transports`) over the same
         senders and receivers; the options pick one (`resolve_transport`).
       senders: list of `LocalSender`, the senders this process encodes, in
         sender order; their tensors have the same shapes and dtypes.
@@ -283,14 +284,14 @@ class ExchangeEngine(tf.Module):
                                                codecs[0].bucket_size)
     with tf.device(self._device):
       step = self.step.read_value()
-    model = exchanges.time_model([x.device for x in senders],
+    model = cost_model.time_model([x.device for x in senders],
                                  transports["all_gather"].shared_memory)
     kind = options.resolve_transport(num_senders, plan.total_size, **model)
     if options.transport == "auto":
       _warn_once(("auto", num_senders, kind), "transport='auto' sums the "
                  "gradients of %d senders by %r (per sender and exchange of "
-                 "%d values, ndq_tf.theory.auto_transport: %s).", num_senders,
-                 kind, plan.total_size, exchanges.summary(
+                 "%d values, ndq_tf.core.cost_model.auto: %s).", num_senders,
+                 kind, plan.total_size, cost_model.summary(
                      codecs, plan.total_size, num_senders, **model))
     # What every receiver must agree on, checked by the transports.
     mark = fingerprint.fingerprint(options, plan.signature, kind)

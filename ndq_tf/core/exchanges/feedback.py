@@ -25,7 +25,7 @@ saved with the strategy (`.weights.h5` keys `feedback_<signature>`,
 import numpy as np
 import tensorflow as tf
 
-from ndq_tf.distribute import tf_internals
+from ndq_tf.core import tf_internals
 
 __all__ = ["FeedbackStore"]
 

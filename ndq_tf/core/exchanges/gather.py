@@ -16,11 +16,11 @@ import collections
 import tensorflow as tf
 
 from ndq_tf import theory
-from ndq_tf.distribute import fusion_codec
-from ndq_tf.distribute import fusion_sum
-from ndq_tf.distribute import nested_state
-from ndq_tf.distribute.exchanges import base
-from ndq_tf.distribute.transports import all_gather as all_gather_transport
+from ndq_tf.core import fusion_codec
+from ndq_tf.core import fusion_sum
+from ndq_tf.core import nested_state
+from ndq_tf.core.exchanges import base
+from ndq_tf.core.transports import all_gather as all_gather_transport
 
 __all__ = [
     "EXCHANGE",

@@ -7,8 +7,8 @@ is an `Exchange`: its name (the value of the option `transport`), which
 codecs it carries, its cost in bits and in decode work per worker (the
 cost model of docs/scaling.md), its framing words, and `run`, which builds
 the exchange's ops with the engine's helpers (seeds, nested state,
-telemetry: `ndq_tf.distribute.engine.ExchangeEngine`). A transport
-(`ndq_tf.distribute.transports`) only moves bytes.
+telemetry: `ndq_tf.core.engine.ExchangeEngine`). A transport
+(`ndq_tf.core.transports`) only moves bytes.
 """
 
 import collections
@@ -48,7 +48,7 @@ class Exchange:
   name = None
   #: Words the exchange's transport adds to every sender's payload.
   framing_words = 0
-  #: Whether `transport="auto"` may pick it (`exchanges.auto`).
+  #: Whether `transport="auto"` may pick it (`cost_model.auto`).
   automatic = True
 
   def refusal(self, codec, nested):

@@ -29,8 +29,8 @@ import tensorflow as tf
 
 from ndq_tf import ops as ndq_ops
 from ndq_tf import theory
-from ndq_tf.distribute import fusion_codec
-from ndq_tf.distribute import tf_internals
+from ndq_tf.core import fusion_codec
+from ndq_tf.core import tf_internals
 from ndq_tf.ops import rotation_ops
 
 __all__ = [

@@ -6,7 +6,7 @@ longest payload of the exchange (one all-gather moves rows of one length);
 rows are put back in sender order whatever order the collective delivered
 them in, and checked: a malformed header, senders whose steps disagree
 (restored from different checkpoints, say), or whose fingerprints
-(`ndq_tf.distribute.fingerprint`: options, fusion plan, exchange kind)
+(`ndq_tf.core.fingerprint`: options, fusion plan, exchange kind)
 disagree, stop the step with an error naming them rather than decode with
 the wrong dither or codec.
 
@@ -16,7 +16,7 @@ Cost per worker and step: it receives `(P - 1)` rows of
 
 import tensorflow as tf
 
-from ndq_tf.distribute.transports import base
+from ndq_tf.core.transports import base
 
 __all__ = [
     "HEADER_WORDS",

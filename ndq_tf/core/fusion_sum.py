@@ -2,7 +2,7 @@
 
 One XLA-compiled computation adds the buffers in the order given (sender
 order) and maps a sum of `-0` to `+0`: every receiver obtains bitwise the
-same sum (`ndq_tf.distribute.fusion`), in one pass over the buffers.
+same sum (`ndq_tf.core.fusion`), in one pass over the buffers.
 
 Its bits are those of `tf.reduce_sum(tf.stack(tensors), axis=0)`, which this
 module used before, and which adds the rows in order to `+0`, for fewer

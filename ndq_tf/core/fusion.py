@@ -53,7 +53,7 @@ nested senders' own noise measurement; `encode_fused(..., noise_scale=σ)`
 passes the per-bucket noise scales to an adaptive nested codec, and
 `wire_scales` reads the per-bucket scales back from a wire (negative: a
 bucket the adaptive codec sent as DQSG). What a nested sender learns from
-its own decode lives in `ndq_tf.distribute.nested_state`.
+its own decode lives in `ndq_tf.core.nested_state`.
 
 Modules
 -------
@@ -62,16 +62,16 @@ layout and its chunks), `fusion_codec` (encode and decode of a plan, the
 seeds) and `fusion_sum` (the one deterministic sum).
 """
 
-from ndq_tf.distribute.fusion_codec import decode_senders
-from ndq_tf.distribute.fusion_codec import decode_sum
-from ndq_tf.distribute.fusion_codec import derive_seed
-from ndq_tf.distribute.fusion_codec import encode_flat
-from ndq_tf.distribute.fusion_codec import encode_fused
-from ndq_tf.distribute.fusion_codec import wire_scales
-from ndq_tf.distribute.fusion_plan import Chunk
-from ndq_tf.distribute.fusion_plan import FusionPlan
-from ndq_tf.distribute.fusion_sum import sum_decoded
-from ndq_tf.distribute.fusion_sum import sum_senders
+from ndq_tf.core.fusion_codec import decode_senders
+from ndq_tf.core.fusion_codec import decode_sum
+from ndq_tf.core.fusion_codec import derive_seed
+from ndq_tf.core.fusion_codec import encode_flat
+from ndq_tf.core.fusion_codec import encode_fused
+from ndq_tf.core.fusion_codec import wire_scales
+from ndq_tf.core.fusion_plan import Chunk
+from ndq_tf.core.fusion_plan import FusionPlan
+from ndq_tf.core.fusion_sum import sum_decoded
+from ndq_tf.core.fusion_sum import sum_senders
 
 __all__ = [
     "Chunk",

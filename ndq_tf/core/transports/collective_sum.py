@@ -8,7 +8,7 @@ propagate NaN; +Inf decodes to NaN all the same).
 
 No headers travel: an all-reduce cannot tell senders apart. The step each
 worker encodes at, and the exchange's fingerprint
-(`ndq_tf.distribute.fingerprint`: options, fusion plan, exchange kind), are
+(`ndq_tf.core.fingerprint`: options, fusion plan, exchange kind), are
 stamped instead on the scales' `Max` as `STAMP_WORDS` floats (the step's
 low 24 and high bits, the fingerprint's two 16-bit halves, and their
 negatives: the max of `-s` is minus the smallest `s`); workers whose steps
@@ -16,12 +16,12 @@ or fingerprints disagree stop with an error giving the largest and the
 smallest rather than decode with the wrong dither or codec.
 
 Cost per worker and step: a ring all-reduce sends `2(P - 1)/P` times the
-tensor (`ndq_tf.theory.exchange_bits`).
+tensor (`ndq_tf.core.cost_model.exchange_bits`).
 """
 
 import tensorflow as tf
 
-from ndq_tf.distribute.transports import base
+from ndq_tf.core.transports import base
 
 __all__ = [
     "STAMP_WORDS",

@@ -1,7 +1,7 @@
 """The reduce-scatter exchange: bits and decode work flat in the senders.
 
 `transport="reduce_scatter"` (issue #18) over a reduce-scatter transport
-(`ndq_tf.distribute.transports.all_to_all`). With `P` senders and a fused
+(`ndq_tf.core.transports.all_to_all`). With `P` senders and a fused
 buffer of `B` whole buckets (`shard_buckets`: shard `j` holds buckets
 `[⌊jB/P⌋, ⌊(j+1)B/P⌋)`, some empty when `B < P`):
 
@@ -48,14 +48,14 @@ import math
 import tensorflow as tf
 
 from ndq_tf import codecs as ndq_codecs
-from ndq_tf.distribute import fusion_codec
-from ndq_tf.distribute import fusion_plan
-from ndq_tf.distribute import fusion_sum
-from ndq_tf.distribute.exchanges import base
-from ndq_tf.distribute.exchanges import feedback as feedback_lib
-from ndq_tf.distribute.exchanges import nested_shards
-from ndq_tf.distribute.transports import all_gather as all_gather_transport
-from ndq_tf.distribute.transports import all_to_all
+from ndq_tf.core import fusion_codec
+from ndq_tf.core import fusion_plan
+from ndq_tf.core import fusion_sum
+from ndq_tf.core.exchanges import base
+from ndq_tf.core.exchanges import feedback as feedback_lib
+from ndq_tf.core.exchanges import nested_shards
+from ndq_tf.core.transports import all_gather as all_gather_transport
+from ndq_tf.core.transports import all_to_all
 
 __all__ = [
     "EXCHANGE",

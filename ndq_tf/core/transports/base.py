@@ -1,4 +1,4 @@
-"""What a transport does for `ndq_tf.distribute.engine.ExchangeEngine`."""
+"""What a transport does for `ndq_tf.core.engine.ExchangeEngine`."""
 
 import abc
 import collections
@@ -66,7 +66,7 @@ class Transport(abc.ABC):
       step: the `int32` step of this exchange (a transport that frames its
         payloads stamps it on them).
       fingerprint: the exchange's `int32` fingerprint
-        (`ndq_tf.distribute.fingerprint`); a transport whose senders live
+        (`ndq_tf.core.fingerprint`); a transport whose senders live
         in other processes stamps it on the payloads and checks that every
         sender sent the same, in the `checks` of its result.
     """
