@@ -36,6 +36,7 @@ from codec_cases import (
     per_element_scale,
     error_bound)
 import ndq_tf
+from ndq_tf.codecs import base
 from ndq_tf.codecs import bucketed
 
 
@@ -143,6 +144,23 @@ class CompilationTest(tf.test.TestCase, parameterized.TestCase):
     decode = tf.function(lambda p, s: codec.decode(p, s))
     self.assertAllEqual(decode(payload, SEED), codec.decode(payload, SEED))
 
+
+  def test_bucket_division_is_correctly_rounded_under_xla(self):
+    # XLA in TF 2.22 turns `x / s[:, None]` into `x * (1/s)[:, None]`, 1 ulp
+    # off for about a quarter of the elements: the scaled values, hence the
+    # codes and the nested decode, would differ from TF <= 2.21's.
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((8, 512)) *
+         np.exp2(rng.integers(-40, 40, (8, 512)))).astype(np.float32)
+    step = (rng.uniform(0.5, 1.0, 8) *
+            np.exp2(rng.integers(-40, 40, 8))).astype(np.float32)
+    expected = x / step[:, None]  # NumPy's IEEE division, correctly rounded.
+    for jit in (False, True):
+      normalized = tf.function(base.normalize, jit_compile=jit,
+                               autograph=False)(tf.constant(x),
+                                                tf.constant(step))
+      self.assertAllEqual(bits_of(normalized), bits_of(expected),
+                          msg=f"jit_compile={jit}")
 
 class ShapeAndDtypeTest(tf.test.TestCase, parameterized.TestCase):
 
