@@ -187,18 +187,21 @@ def test_config_words_round_trip():
   options = _options(seed=-5)
   words = fingerprint.config_words(options)
   assert words.dtype == np.int32
-  length = len(json.dumps(options.get_config(), sort_keys=True,
-                          separators=(",", ":")))
+  agreed = fingerprint.agreed_config(options)
+  assert agreed == dict(options.get_config(),
+                        decoded_bits=fingerprint.decode_digest(options),
+                        tensorflow=tf.__version__)
+  length = len(json.dumps(agreed, sort_keys=True, separators=(",", ":")))
   assert fingerprint._decode_words(  # pylint: disable=protected-access
-      words, length) == options.get_config()
+      words, length) == agreed
 
 
 def _config_gather(peer_options, settle_error=None):
   """An all-gather of two workers, the peer's rows built from its options."""
   calls = []
   peer_words = fingerprint.config_words(peer_options)
-  peer_length = len(json.dumps(peer_options.get_config(), sort_keys=True,
-                               separators=(",", ":")))
+  peer_length = len(json.dumps(fingerprint.agreed_config(peer_options),
+                               sort_keys=True, separators=(",", ":")))
 
   def gather(row, timeout=None):
     calls.append((row.size, timeout))

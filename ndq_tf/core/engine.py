@@ -293,8 +293,10 @@ class ExchangeEngine(tf.Module):
                  "%d values, ndq_tf.core.cost_model.auto: %s).", num_senders,
                  kind, plan.total_size, cost_model.summary(
                      codecs, plan.total_size, num_senders, **model))
-    # What every receiver must agree on, checked by the transports.
-    mark = fingerprint.fingerprint(options, plan.signature, kind)
+    # What every receiver must agree on, checked by the transports; with
+    # senders in other processes, also what their TensorFlow decodes.
+    mark = fingerprint.fingerprint(options, plan.signature, kind,
+                                   decoded_bits=num_senders > len(senders))
     results = exchanges.get(kind).run(self, transports[kind], codecs, plan,
                                       senders, step, mean, divisor,
                                       lossless_values, mark)

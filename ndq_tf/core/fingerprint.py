@@ -28,19 +28,35 @@ worker:
   another plan, of the same size) and covers exchanges built without the
   strategy (`MultiWorkerCompressedAllReduce` on its own).
 
+Both also carry `decoded_bits` (`decode_digest`): a digest of what this
+process's TensorFlow decodes from fixed payloads with the options' codecs.
+Two TensorFlow versions can decode the same payload to other bits (XLA in
+TF 2.22 compiled a division as a multiplication by the reciprocal, which
+moved NDQSG's decode by an ulp), and the workers' replicas would then drift
+apart silently; workers whose TensorFlows decode alike (2.19 and 2.21, say)
+still work together. It costs one small decode per codec and process,
+compiled once (`decode_digest`).
+
 Cost: docs/scaling.md ("What every exchange carries").
 """
 
 import hashlib
 import json
 
+import keras
 import numpy as np
+import tensorflow as tf
+
+from ndq_tf.codecs import base as codec_base
+from ndq_tf.ops import packing_ops
 
 __all__ = [
     "CONFIG_MAGIC",
     "SETTLE_SECONDS",
+    "agreed_config",
     "check_agreement",
     "config_words",
+    "decode_digest",
     "describe_differences",
     "fingerprint",
 ]
@@ -53,24 +69,112 @@ def _canonical(config):
   return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
-def fingerprint(options, plan_signature, kind):
+# -- What this TensorFlow decodes ---------------------------------------------
+
+#: `{canonical codec config: its decode_digest}`, per process.
+_DIGESTS = {}
+
+
+def _codec_digest(codec):
+  """Digest of `codec`'s decodes of fixed payloads (2 buckets), on the CPU.
+
+  The payloads are made without float arithmetic (NumPy's generator, integer
+  packing), so they are the same on every version; only the decode's bits
+  can differ. Decoded like the exchanges decode: `decode` (side information
+  for a nested codec) and, for codes that add up, `decode_symbol_sum` of two
+  senders.
+  """
+  alphabet = getattr(codec, "alphabet_size", None)
+  if not alphabet:
+    # Float codecs: a bitcast and a cast, no arithmetic to differ.
+    return type(codec).__name__
+  rng = np.random.default_rng(20190402)
+  n = 2 * codec.bucket_size
+  scales = tf.constant(
+      (rng.uniform(0.5, 1.0, 2) * 2.0 ** rng.integers(-20, 6, 2)).astype(
+          np.float32))
+  seed = tf.constant([5, 7], tf.int32)
+  symbols = tf.constant(rng.integers(0, alphabet, n), tf.int32)
+  payload = codec_base.Payload(
+      words=packing_ops.pack_codes(symbols, alphabet), scales=scales,
+      shape=tf.TensorShape([n]), dtype=tf.float32)
+  side = {}
+  if codec.needs_side_information:
+    side["side_information"] = tf.constant(
+        rng.standard_normal(n).astype(np.float32) * scales.numpy()[0])
+  digest = hashlib.blake2b(digest_size=4)
+  digest.update(codec.decode(payload, seed, **side).numpy().tobytes())
+  if codec.summed_form() == "codes":
+    rotation = {"rotation_seed": seed} if codec.rotation else {}
+    total = codec.decode_symbol_sum(
+        tf.constant(rng.integers(0, 2 * alphabet - 1, n), tf.int32), scales,
+        tf.constant([[5, 7], [9, 11]], tf.int32), **rotation)
+    digest.update(total.numpy().tobytes())
+  return digest.hexdigest()
+
+
+def decode_digest(options):
+  """What this TensorFlow decodes with `options`' codecs, as hex digits.
+
+  One digest per codec (`codec`, and `reference_codec` for a nested
+  codec), computed once per process and codec config (one small decode,
+  compiled with XLA like every decode), on the CPU, outside any graph being
+  traced. Workers whose digests differ would decode the same payloads to
+  other bits.
+
+  Args:
+    options: the `CompressionOptions`.
+
+  Returns:
+    A string, e.g. `"3f0c9a12"` or `"3f0c9a12,77e1d0b4"`.
+  """
+  codecs = [options.codec]
+  if options.nested:
+    codecs.append(options.reference_codec)
+  parts = []
+  for codec in codecs:
+    key = _canonical(keras.saving.serialize_keras_object(codec))
+    if key not in _DIGESTS:
+      with tf.init_scope(), tf.device("/cpu:0"):
+        _DIGESTS[key] = _codec_digest(codec)
+    parts.append(_DIGESTS[key])
+  return ",".join(parts)
+
+
+def agreed_config(options):
+  """What the options check compares: the options, and the decode's bits.
+
+  `tensorflow` is not compared (versions that decode alike work together);
+  the error names it when `decoded_bits` differ.
+  """
+  return dict(options.get_config(), decoded_bits=decode_digest(options),
+              tensorflow=tf.__version__)
+
+
+def fingerprint(options, plan_signature, kind, decoded_bits=True):
   """The 32-bit fingerprint of an exchange, as a signed `int32` Python int.
 
   Args:
     options: the `CompressionOptions`.
     plan_signature: the fusion plan's `signature`.
     kind: the exchange kind, `"all_gather"` or `"all_reduce"`.
+    decoded_bits: whether it covers `decode_digest(options)`: needed when
+      senders run in other processes (perhaps another TensorFlow); one
+      process need not pay for the digest's decodes.
   """
-  text = _canonical({"options": options.get_config(),
-                     "plan": plan_signature, "kind": kind})
+  config = {"options": options.get_config(), "plan": plan_signature,
+            "kind": kind}
+  if decoded_bits:
+    config["decoded_bits"] = decode_digest(options)
+  text = _canonical(config)
   value = int.from_bytes(
       hashlib.blake2b(text.encode(), digest_size=4).digest(), "little")
   return value - (1 << 32) if value >= 1 << 31 else value
 
 
 def config_words(options):
-  """The options' canonical config as `int32` words (UTF-8, zero-padded)."""
-  data = _canonical(options.get_config()).encode()
+  """`agreed_config(options)` as `int32` words (UTF-8 JSON, zero-padded)."""
+  data = _canonical(agreed_config(options)).encode()
   data += b"\0" * (-len(data) % 4)
   return np.frombuffer(data, dtype="<i4").astype(np.int32)
 
@@ -165,7 +269,7 @@ def check_agreement(all_gather, options, num_workers, who, names=None):
       fault and every worker's value.
   """
   words = config_words(options)
-  length = len(_canonical(options.get_config()).encode())
+  length = len(_canonical(agreed_config(options)).encode())
   heads = np.reshape(all_gather(np.array([CONFIG_MAGIC, length], np.int32)),
                      [num_workers, 2])
   if not np.all(heads[:, 0] == CONFIG_MAGIC):
@@ -180,6 +284,8 @@ def check_agreement(all_gather, options, num_workers, who, names=None):
   rows = np.reshape(all_gather(padded), [num_workers, width])
   configs = [_decode_words(rows[i], int(heads[i, 1]))
              for i in range(num_workers)]
+  versions = [c.pop("tensorflow", "(unknown)") for c in configs]
+  decoded = [c.pop("decoded_bits", None) for c in configs]
   differences = describe_differences(configs, names)
   if differences:
     _settle(all_gather)
@@ -188,3 +294,11 @@ def check_agreement(all_gather, options, num_workers, who, names=None):
         f"so each would decode the others' payloads with the wrong codec, "
         f"seed or layout: {differences}. Build the strategy with the same "
         f"arguments on every worker (compare `strategy.get_config()`).")
+  if any(d != decoded[0] for d in decoded):
+    _settle(all_gather)
+    where = ", ".join(f"{d!r} with TensorFlow {v} on worker {i}"
+                      for i, (d, v) in enumerate(zip(decoded, versions)))
+    raise ValueError(
+        f"{who}: the workers' TensorFlow decode the same payloads to other "
+        f"bits, so their replicas would drift apart: `decoded_bits` is "
+        f"{where}. Install the same TensorFlow on every worker.")
