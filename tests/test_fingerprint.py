@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import ndq_tf
 from ndq_tf.codecs import dithered
-from ndq_tf.distribute import fingerprint
+from ndq_tf.core import fingerprint
 from ndq_tf.distribute import options as options_lib
 
 O = options_lib.CompressionOptions
