@@ -46,11 +46,6 @@ ROOT = _root()
 README = ROOT / "README.md"
 MAX_LINES = 300
 
-#: Generated pages linked before their first run: {page: the script writing
-#: it}. A link to one is allowed while the page is missing and its script
-#: exists; remove the entry once the page is committed.
-PENDING_PAGES = {"docs/accuracy_vs_bits.md": "benchmarks/accuracy_report.py"}
-
 #: Flags absl's `app.run` defines in every script.
 ABSL_FLAGS = {"help", "helpfull", "helpshort", "helpxml", "flagfile",
               "undefok", "only_check_args", "pdb", "pdb_post_mortem",
@@ -370,9 +365,6 @@ def test_relative_links_resolve(name):
     relative = file.relative_to(ROOT).as_posix() if file.is_relative_to(
         ROOT) else str(file)
     if not file.exists():
-      if (relative in PENDING_PAGES
-          and (ROOT / PENDING_PAGES[relative]).exists()):
-        continue
       broken.append(f"{target}: no such file")
     elif anchor and anchor not in _anchors(file):
       broken.append(f"{target}: no heading #{anchor} in {relative}")
