@@ -250,8 +250,8 @@ def _peer_gather(peer_mark):
 
 @pytest.mark.parametrize("peer_mark", [5, -6])
 def test_all_gather_header_carries_and_checks_the_fingerprint(peer_mark):
-  transport = all_gather.AllGatherTransport(_peer_gather(peer_mark), 2, 0,
-                                            "/cpu:0")
+  transport = all_gather.CollectiveAllGatherTransport(
+      _peer_gather(peer_mark), 2, 0, "/cpu:0")
   wire = tf.constant([11, 12, 13], tf.int32)
 
   @tf.function

@@ -248,7 +248,7 @@ def test_transport_round_trips_through_the_config(transport):
 
 
 @pytest.mark.parametrize("transport_class", [
-    ndq_tf.core.transports.AllGatherTransport,
+    ndq_tf.core.transports.CollectiveAllGatherTransport,
     ndq_tf.core.transports.CollectiveSumTransport])
 def test_a_worker_id_out_of_range_is_named(transport_class):
   with pytest.raises(ValueError, match=r"`worker_id` must be in \[0, 2\). "

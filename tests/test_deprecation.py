@@ -3,7 +3,9 @@
 The one helper, `ndq_tf._deprecation`, serves every deprecated alias: the
 modules moved to `ndq_tf.core` (and `ndq_tf.reduce_scatter_theory`, merged
 into `ndq_tf.theory`), the cost model's old names in `ndq_tf.theory` and
-`ndq_tf.core.exchanges`, the telemetry's old keys and properties. The old
+`ndq_tf.core.exchanges`, the transports renamed for what they move
+(`AllGatherTransport`, `AllToAllTransport`), the telemetry's old keys and
+properties. The old
 cluster paths (`ndq_tf.launch`, ...) are tested in fresh interpreters by
 test_package.py.
 """
@@ -20,8 +22,10 @@ from ndq_tf import theory
 from ndq_tf.core import cost_model
 from ndq_tf.core import exchanges
 from ndq_tf.core import telemetry
+from ndq_tf.core import transports
 from ndq_tf.core.exchanges import reduce_scatter
 from ndq_tf.core.transports import all_gather
+from ndq_tf.core.transports import all_to_all
 from ndq_tf.core.transports import collective_sum
 from ndq_tf.distribute import cross_device_ops
 
@@ -54,6 +58,14 @@ MOVED_NAMES = {
                     "auto", "bits_summary", "costs", "exchange_bits",
                     "exchange_seconds", "exchange_work", "summary",
                     "time_model")},
+    ("ndq_tf.core.transports", "AllGatherTransport"):
+        all_gather.CollectiveAllGatherTransport,
+    ("ndq_tf.core.transports", "AllToAllTransport"):
+        all_to_all.CollectiveAllToAllTransport,
+    ("ndq_tf.core.transports.all_gather", "AllGatherTransport"):
+        all_gather.CollectiveAllGatherTransport,
+    ("ndq_tf.core.transports.all_to_all", "AllToAllTransport"):
+        all_to_all.CollectiveAllToAllTransport,
 }
 
 
@@ -91,12 +103,13 @@ def test_from_import_of_an_old_path_gives_the_new_objects():
     # pylint: disable=g-import-not-at-top
     from ndq_tf.distribute import engine
     from ndq_tf.distribute.exchanges import gather
-    from ndq_tf.distribute.transports import AllGatherTransport
+    from ndq_tf.distribute.transports import CollectiveAllGatherTransport
     from ndq_tf.reduce_scatter_theory import reduce_scatter_total_mse
     # pylint: enable=g-import-not-at-top
   assert engine.ExchangeEngine is ndq_tf.core.engine.ExchangeEngine
   assert gather is exchanges.gather
-  assert AllGatherTransport is all_gather.AllGatherTransport
+  assert CollectiveAllGatherTransport is (
+      all_gather.CollectiveAllGatherTransport)
   assert reduce_scatter_total_mse is theory.reduce_scatter_total_mse
 
 
@@ -112,6 +125,23 @@ def test_old_name_is_the_new_object_and_warns(module, name):
   assert warning.filename == __file__
 
 
+def test_renamed_transport_warns_naming_its_replacement():
+  with pytest.warns(DeprecationWarning) as record:
+    old = transports.AllToAllTransport
+  assert old is transports.CollectiveAllToAllTransport
+  assert str(record[0].message) == (
+      "`ndq_tf.core.transports.AllToAllTransport` is deprecated and will be "
+      "removed in the next release; use "
+      "`ndq_tf.core.transports.all_to_all.CollectiveAllToAllTransport` "
+      "instead.")
+  assert record[0].filename == __file__
+  # The old name builds the same transport, which keeps its new name.
+  with pytest.warns(DeprecationWarning, match="CollectiveAllGatherTransport"):
+    gather = transports.AllGatherTransport(None, 2, 0, "/cpu:0")
+  assert isinstance(gather, transports.CollectiveAllGatherTransport)
+  assert gather.name == "collective_all_gather"
+
+
 def test_unknown_name_is_still_an_attribute_error():
   with pytest.raises(AttributeError, match="'ndq_tf.theory' has no "
                      "attribute 'no_such_formula'"):
@@ -123,7 +153,7 @@ def test_public_names_are_not_deprecated():
   with warnings.catch_warnings():
     warnings.simplefilter("error", DeprecationWarning)
     for package in (ndq_tf, ndq_tf.core, ndq_tf.distribute, theory,
-                    exchanges):
+                    exchanges, transports):
       for name in package.__all__:
         assert getattr(package, name) is not None, name
 

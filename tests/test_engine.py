@@ -1,10 +1,14 @@
-"""Tests of `ndq_tf.core.engine.ExchangeEngine` on its own: its seeds.
+"""Tests of `ndq_tf.core.engine.ExchangeEngine` on its own: its seeds, and
+the context it hands an exchange.
 
 The exchange end to end is tested through the strategies (test_mirrored,
 test_all_reduce, test_chunked_exchange, test_decode_once).
 """
 
+import inspect
+
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import ndq_tf
@@ -12,6 +16,7 @@ from ndq_tf import ops
 from ndq_tf.core import engine as engine_lib
 from ndq_tf.core import exchanges
 from ndq_tf.core import fusion
+from ndq_tf.core import transports
 from ndq_tf.distribute import options as options_lib
 
 
@@ -55,3 +60,65 @@ def test_step_counter_starts_at_zero_and_stats_report_the_option():
   stats = engine.stats()
   assert stats["exchange_count"] == 0 and stats["transport"] == "auto"
   assert isinstance(engine.options.codec, ndq_tf.DitheredCodec)
+
+
+def test_an_exchange_gets_a_context_not_the_engine():
+  parameters = list(inspect.signature(
+      exchanges.base.Exchange.run).parameters)
+  assert parameters == ["self", "context", "transport", "codecs", "plan",
+                        "senders"]
+  for exchange in exchanges.EXCHANGES:
+    assert list(inspect.signature(exchange.run).parameters) == (
+        parameters[1:])
+
+
+def test_context_seeds_are_the_engines():
+  engine = _engine(seed=11)
+  context = exchanges.ExchangeContext(
+      options=engine.options, step=tf.constant(4), fingerprint=0,
+      base_seed=(11, engine_lib.SEED_TAG), device="/device:CPU:0",
+      telemetry=engine.telemetry)
+  for sender, step, segment in ((0, None, None), (2, 7, None),
+                                (engine_lib.ROTATION_SENDER, None, 0),
+                                (1, 3, 2)):
+    np.testing.assert_array_equal(
+        context.seed(sender, step, segment).numpy(),
+        engine.seed(sender, 4 if step is None else step, segment).numpy())
+  with pytest.raises(AttributeError):
+    context.step = 5  # Frozen: one context per call.
+
+
+def test_segment_seed_is_the_one_fold_of_encode_and_decode():
+  seed = fusion.derive_seed(tf.constant([5, 6]), 3, 1)
+  for segment in (0, 2):
+    np.testing.assert_array_equal(
+        fusion.segment_seed(seed, segment).numpy(),
+        ops.fold_seed(seed, segment).numpy())
+    np.testing.assert_array_equal(
+        fusion.derive_seed(tf.constant([5, 6]), 3, 1, segment).numpy(),
+        ops.fold_seed(seed, segment).numpy())
+
+
+@pytest.mark.parametrize("transport, transport_name", [
+    ("all_gather", "device_copy"),
+    ("all_reduce", "device_sum"),
+    ("reduce_scatter", "device_all_to_all"),
+])
+def test_telemetry_reports_the_exchange_not_the_transport(transport,
+                                                          transport_name):
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")[:2]]
+  engine = engine_lib.ExchangeEngine(options_lib.CompressionOptions(
+      "dqsg:num_levels=1", transport=transport, min_elements=1, seed=3))
+  moves = {"all_gather": transports.DeviceCopyTransport(devices),
+           "all_reduce": transports.DeviceSumTransport(devices),
+           "reduce_scatter": transports.DeviceAllToAllTransport(devices)}
+  assert moves[transport].name == transport_name
+  senders = []
+  for r, device in enumerate(devices):
+    with tf.device(device):
+      senders.append(engine_lib.LocalSender(
+          r, device, [tf.fill([600], float(r + 1))]))
+  engine.exchange(moves, senders, "sum")
+  stats = engine.stats()
+  assert stats["transport"] == transport
+  assert stats["exchange_count"] == 1 and stats["senders"] == 2

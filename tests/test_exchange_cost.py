@@ -101,7 +101,7 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
     codecs = [_dqsg(3, 64), ndq_tf.NestedDitheredCodec(
         num_levels=3, coarse_ratio=3, bucket_size=64), _dqsg(3, 64)]
     n, p = 1000, 3
-    transport = all_gather.AllGatherTransport(None, p, 0, "/cpu:0")
+    transport = all_gather.CollectiveAllGatherTransport(None, p, 0, "/cpu:0")
     words = [c.wire_bits(n) // 32 for c in codecs]
     for k, c in enumerate(codecs):
       row = c.wire_bits(n) + transport.framing_bits(words, [k])

@@ -13,6 +13,7 @@ from ndq_tf import theory
 from ndq_tf.core import cost_model
 from ndq_tf.core import exchanges
 from ndq_tf.core import telemetry
+from ndq_tf.core import transports
 from ndq_tf.core.transports import all_gather
 from ndq_tf.core.transports import all_to_all
 from ndq_tf.core.transports import collective_sum
@@ -26,6 +27,20 @@ def test_one_list_of_names_for_options_cost_model_and_telemetry():
   assert telemetry.TRANSPORT_NAMES == exchanges.NAMES
   assert [exchanges.get(n).name for n in exchanges.NAMES] == list(
       exchanges.NAMES)
+
+
+def test_transports_are_named_for_what_they_move_not_for_an_exchange():
+  names = {t.name: t for t in (
+      transports.DeviceCopyTransport, transports.DeviceSumTransport,
+      transports.DeviceAllToAllTransport,
+      transports.CollectiveAllGatherTransport,
+      transports.CollectiveSumTransport,
+      transports.CollectiveAllToAllTransport)}
+  assert sorted(names) == [
+      "collective_all_gather", "collective_all_to_all", "collective_sum",
+      "device_all_to_all", "device_copy", "device_sum"]
+  assert not set(names) & set(exchanges.NAMES)
+  assert not set(names) & set(telemetry.TRANSPORT_NAMES)
 
 
 def test_unknown_name_lists_the_valid_ones():

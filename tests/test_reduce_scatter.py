@@ -380,9 +380,10 @@ def test_adaptive_nested_group_is_refused_across_processes():
   options = CompressionOptions(adaptive=True, **kwargs)
   engine = engine_lib.ExchangeEngine(options)
   device = _devices()[0]
-  gather = transports.AllGatherTransport(lambda row: row, 2, 1, device)
-  scatter = transports.AllToAllTransport(lambda rows: rows, gather, 2, 1,
-                                         device)
+  gather = transports.CollectiveAllGatherTransport(lambda row: row, 2, 1,
+                                                   device)
+  scatter = transports.CollectiveAllToAllTransport(lambda rows: rows, gather,
+                                                   2, 1, device)
   with tf.device(device):
     sender = engine_lib.LocalSender(1, device, [tf.ones([1024])])
   with pytest.raises(ValueError, match=match):

@@ -20,9 +20,11 @@ owns, for both alike:
 * the step counter, advanced once per compressed exchange.
 
 The exchange algorithms (chosen per exchange by the option `transport`,
-`CompressionOptions.resolve_transport`) are `ndq_tf.core.exchanges`;
-a *transport* (`ndq_tf.core.transports`) only moves bytes, knows no
-codecs.
+`CompressionOptions.resolve_transport`) are `ndq_tf.core.exchanges`; each
+call hands the chosen one an `ExchangeContext` (the options, step,
+fingerprint, seeds, state stores and telemetry), not the engine. A
+*transport* (`ndq_tf.core.transports`) only moves bytes, knows no codecs,
+and is named for what it moves.
 
 Ops are built under the name scopes `ndq_encode`, `ndq_exchange`,
 `ndq_decode` and `ndq_sum`, so profiles show where a step's time goes
@@ -34,7 +36,6 @@ import collections
 import tensorflow as tf
 from absl import logging
 
-from ndq_tf import ops as ndq_ops
 from ndq_tf.core import cost_model
 from ndq_tf.core import exchanges
 from ndq_tf.core import fingerprint
@@ -244,12 +245,14 @@ class ExchangeEngine(tf.Module):
       sender: the sender's index (or `ROTATION_SENDER`).
       step: the step counter's value.
       segment: None: the payload's seed; an index: the seed of that codec
-        segment of the payload, `fold_seed(seed, segment)`, as
-        `fusion_codec.encode_flat` derives it.
+        segment of the payload (`fusion_codec.segment_seed`, as
+        `fusion_codec.encode_flat` derives it).
     """
-    base = tf.constant([self._options.seed, SEED_TAG], tf.int32)
-    seed = fusion_codec.derive_seed(base, step, sender)
-    return seed if segment is None else ndq_ops.fold_seed(seed, segment)
+    return fusion_codec.derive_seed(
+        tf.constant(self._base_seed(), tf.int32), step, sender, segment)
+
+  def _base_seed(self):
+    return (self._options.seed, SEED_TAG)
 
   def exchange(self, transports, senders, reduce_op, divisor=None,
                lossless_values=()):
@@ -297,57 +300,16 @@ class ExchangeEngine(tf.Module):
     # senders in other processes, also what their TensorFlow decodes.
     mark = fingerprint.fingerprint(options, plan.signature, kind,
                                    decoded_bits=num_senders > len(senders))
-    results = exchanges.get(kind).run(self, transports[kind], codecs, plan,
-                                      senders, step, mean, divisor,
-                                      lossless_values, mark)
+    lossless_elements, lossless_bits = telemetry_lib.lossless_size(
+        lossless_values)
+    context = exchanges.ExchangeContext(
+        options=options, step=step, fingerprint=mark,
+        base_seed=self._base_seed(), device=self._device,
+        telemetry=self.telemetry, nested_state=self.nested_state,
+        feedback=self.feedback, mean=mean, divisor=divisor,
+        lossless_elements=lossless_elements, lossless_bits=lossless_bits)
+    results = exchanges.get(kind).run(context, transports[kind], codecs,
+                                      plan, senders)
     with tf.device(self._device):
       self.step.assign_add(1)
     return [ready_order.in_call_order(r, order) for r in results]
-
-  def update_nested_state(self, variables, senders, statistics, plan):
-    """Stores the local nested senders' noise state and telemetry."""
-    scale_variable, gain_variable = variables
-    num_buckets = plan.total_size // plan.bucket_size
-    target = float(self._options.codec.overload_target)
-    with tf.device(self._device):
-      scales = scale_variable.read_value()
-      gains = gain_variable.read_value()
-      rows = []
-      for row, sender in enumerate(senders):
-        if sender.index in statistics:
-          rows.append(nested_state.update(
-              nested_state.NoiseState(scales[row], gains[row]),
-              statistics[sender.index], plan, target, self._options.adaptive))
-        else:  # A reference sender: no noise of its own.
-          rows.append(nested_state.NoiseState(
-              tf.fill([num_buckets], float("nan")), gains[row]))
-      scale_variable.assign(tf.stack([r.scale for r in rows]))
-      gain_variable.assign(tf.stack([r.gain for r in rows]))
-      self.telemetry.record_nested(
-          [{"num_buckets": num_buckets, **statistics[p]}  # Or a shard's.
-           for p in sorted(statistics)])
-
-  def record(self, transport, plan, senders, lossless_values, payload_bits,
-             framing_bits, link_bits):
-    """Assigns the telemetry of this exchange.
-
-    `link_bits` is the cost model's bits on the local senders' links for
-    the compressed buffer; the lossless values add a float ring's.
-    """
-    lossless_elements, lossless_bits = telemetry_lib.lossless_size(
-        lossless_values)
-    num_senders = transport.num_senders
-    ring = 2.0 * (num_senders - 1) / num_senders
-    with tf.device(self._device):
-      self.telemetry.record(
-          transport=transport.name,
-          senders=num_senders,
-          local_senders=len(senders),
-          payload_bits=payload_bits,
-          sent_bits=(payload_bits + framing_bits
-                     + lossless_bits * len(senders)),
-          link_bits=(tf.constant(round(link_bits), tf.int64) + tf.cast(
-              tf.round(tf.cast(lossless_bits, tf.float64) * ring
-                       * len(senders)), tf.int64)),
-          compressed_elements=plan.num_elements,
-          lossless_elements=lossless_elements)

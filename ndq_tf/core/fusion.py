@@ -28,7 +28,8 @@ Seeds
 -----
 `derive_seed(base_seed, step, sender)` gives each sender of each step its own
 seed (`ndq_tf.ops.fold_seed`, a pure integer hash, bit-exact on every device);
-segment `i` of a payload is encoded with `fold_seed(sender_seed, i)`; inside a
+segment `i` of a payload is encoded with `segment_seed(sender_seed, i)`
+(`fold_seed(sender_seed, i)`, written in that one function); inside a
 segment the codec's counter-based RNG gives element `j` its own stream
 position. So the dither depends on (base seed, step, sender, tensor/segment,
 element) and never repeats across steps, senders or tensors.
@@ -67,6 +68,7 @@ from ndq_tf.core.fusion_codec import decode_sum
 from ndq_tf.core.fusion_codec import derive_seed
 from ndq_tf.core.fusion_codec import encode_flat
 from ndq_tf.core.fusion_codec import encode_fused
+from ndq_tf.core.fusion_codec import segment_seed
 from ndq_tf.core.fusion_codec import wire_scales
 from ndq_tf.core.fusion_plan import Chunk
 from ndq_tf.core.fusion_plan import FusionPlan
@@ -81,6 +83,7 @@ __all__ = [
     "derive_seed",
     "encode_flat",
     "encode_fused",
+    "segment_seed",
     "sum_decoded",
     "sum_senders",
     "wire_scales",

@@ -1,8 +1,8 @@
 """Encode and decode of a fused buffer: one `int32` wire per sender.
 
 `encode_fused`/`encode_flat` turn a sender's tensors (or its fused buffer,
-or one chunk of it) into its wire, each codec segment with
-`fold_seed(sender_seed, segment)`; `decode_senders` decodes every sender's
+or one chunk of it) into its wire, each codec segment with its own seed
+(`segment_seed`); `decode_senders` decodes every sender's
 wire in the fixed order, with side information for the nested senders.
 `ndq_tf.core.fusion` has the layout, the seeds and the order.
 """
@@ -21,30 +21,54 @@ __all__ = [
     "derive_seed",
     "encode_flat",
     "encode_fused",
+    "segment_seed",
     "wire_scales",
 ]
 
 
-def derive_seed(base_seed, step, sender):
-  """The seed of one sender's payload at one step.
+def derive_seed(base_seed, step, sender, segment=None):
+  """The seed of one sender's payload at one step (or of one segment of it).
 
   Args:
     base_seed: shape-`[2]` integer tensor (the all-reduce's base seed).
     step: integer scalar, the aggregation counter.
     sender: integer scalar, the sender's fixed index (replica or worker).
+    segment: None: the payload's seed; an index: the seed of that codec
+      segment of the payload (`segment_seed`, as `encode_flat` folds it).
 
   Returns:
     A shape-`[2]` `int32` tensor; distinct `(step, sender)` pairs give
     unrelated seeds.
   """
-  return ndq_ops.fold_seed(ndq_ops.fold_seed(base_seed, step), sender)
+  seed = ndq_ops.fold_seed(ndq_ops.fold_seed(base_seed, step), sender)
+  return seed if segment is None else segment_seed(seed, segment)
+
+
+def segment_seed(sender_seed, segment):
+  """The seed of codec segment `segment` of one sender's payload.
+
+  The one place the per-segment fold is written: `encode_flat` and the
+  decodes draw each segment's dither from it, and an exchange that encodes
+  the segment itself (the integer all-reduce's one bucketed segment) asks
+  for the same seed (`derive_seed(..., segment=)`), so a sender's
+  dither is the same under every exchange.
+
+  Args:
+    sender_seed: shape-`[2]` integer tensor, the sender's seed at this step
+      (`derive_seed`).
+    segment: integer, the segment's index in the payload.
+
+  Returns:
+    A shape-`[2]` `int32` tensor, `fold_seed(sender_seed, segment)`.
+  """
+  return ndq_ops.fold_seed(sender_seed, segment)
 
 
 def encode_fused(codec, tensors, seed, plan=None, noise_scale=None):
   """Encodes several tensors into one sender's `int32` wire.
 
   Flattens, casts to `float32`, pads (see `FusionPlan`), concatenates,
-  `codec.encode`s every segment with `fold_seed(seed, segment_index)` and
+  `codec.encode`s every segment with `segment_seed(seed, segment_index)` and
   concatenates the segments' `codec.to_wire` outputs.
 
   Example:
@@ -108,7 +132,7 @@ def encode_flat(codec, fused, seed, plan, noise_scale=None, chunk=None):
     if offset:
       kwargs["dither_offset"] = offset
     payload = codec.encode(fused[start - base:start - base + length],
-                           ndq_ops.fold_seed(seed, segment), **kwargs)
+                           segment_seed(seed, segment), **kwargs)
     wires.append(codec.to_wire(payload))
   if not wires:
     return tf.zeros([0], tf.int32)
@@ -140,7 +164,7 @@ def _decode_fused(codec, wire, seed, plan, side_information=None,
           start - base:start - base + length]
     if offset:
       kwargs["dither_offset"] = offset
-    parts.append(codec.decode(payload, ndq_ops.fold_seed(seed, segment),
+    parts.append(codec.decode(payload, segment_seed(seed, segment),
                               **kwargs))
   if not parts:
     return tf.zeros([0], tf.float32)

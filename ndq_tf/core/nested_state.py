@@ -27,7 +27,6 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from ndq_tf import ops as ndq_ops
 from ndq_tf import theory
 from ndq_tf.core import fusion_codec
 from ndq_tf.core import tf_internals
@@ -335,7 +334,7 @@ def sender_statistics(codec, wire, values, side_information, decoded,
     counts = np.full([num_buckets], d, np.float32)
     # One segment: the seed `fusion_codec.encode_flat` folds, at the
     # chunk's offset as the codec draws its signs there.
-    extra = ndq_ops.fold_seed(seed, 0)
+    extra = fusion_codec.segment_seed(seed, 0)
     if start:
       extra = tf.concat([tf.cast(extra, tf.int64),
                          tf.constant([start], tf.int64)], 0)

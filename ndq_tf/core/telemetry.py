@@ -107,7 +107,8 @@ DEPRECATED_KEYS = {
     "wire_bits_per_element": "sent_bits_per_element",
 }
 
-#: The transports an exchange reports, by their code in the telemetry.
+#: The exchanges the key `"transport"` reports, by their code in the
+#: telemetry (the exchanges' names, not their transports').
 TRANSPORT_NAMES = exchanges.NAMES
 NESTED_KEYS = ("overloads", "nested_elements", "overload_rate",
                "overload_probability", "fallback_fraction")

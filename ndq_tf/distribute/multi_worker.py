@@ -4,7 +4,7 @@ Between workers, each step's gradients travel as one `int32` payload per
 worker: every worker sums its local replicas' gradients losslessly, encodes
 the sum once (the exchange engine, `ndq_tf.core.engine`, the same as
 `ndq_tf.MirroredStrategy`'s), and the all-gather transport
-(`transports.AllGatherTransport`) moves the payloads; every worker decodes
+(`CollectiveAllGatherTransport`) moves the payloads; every worker decodes
 all senders in sender order and sums them deterministically, so every
 worker ends the step with bitwise identical variables. Everything else
 (metric and loss reductions, broadcasts, integers, small tensors,
@@ -234,7 +234,7 @@ class MultiWorkerCompressedAllReduce(cross_device_ops.DeprecatedTelemetry,
     launcher = self._launcher
     with tf.device(device), tf.name_scope("ndq_compressed_all_reduce"):
       local = [_local_sum(dense) for _, dense in compressed]
-      gather = transports.AllGatherTransport(
+      gather = transports.CollectiveAllGatherTransport(
           lambda row: tf_internals.all_gather(
               launcher, row, options, ordering_token=next(turns)),
           self._num_workers, self._worker_id, device, who=_WHO)
@@ -243,7 +243,7 @@ class MultiWorkerCompressedAllReduce(cross_device_ops.DeprecatedTelemetry,
               launcher, value, options, merge_op,
               ordering_token=next(turns)),
           self._num_workers, self._worker_id, device, who=_WHO)
-      scatter = transports.AllToAllTransport(
+      scatter = transports.CollectiveAllToAllTransport(
           lambda rows: tf_internals.all_to_all(
               launcher, rows, options, ordering_token=next(turns)),
           gather, self._num_workers, self._worker_id, device, who=_WHO)

@@ -4,16 +4,39 @@ One module per exchange, each an `base.Exchange` (its name, the codecs it
 carries, its bits and decode work per worker, its framing, `run`), listed
 once in `EXCHANGES`: `NAMES` is the one list of exchange names the options
 (`transport=`), the cost model (`ndq_tf.core.cost_model`, which also
-holds `transport="auto"`'s choice) and the telemetry use.
+holds `transport="auto"`'s choice) and the telemetry use. An exchange's
+`run` gets an `ExchangeContext` (`context`: options, step, fingerprint,
+seeds, state stores, telemetry), never the engine.
 
-Adding an exchange: a module here defining a `base.Exchange` subclass and
-an instance, appended to `EXCHANGES` below; its transport, if it needs a
-new one, in `ndq_tf.core.transports`, built by the strategies' cross-device
-ops (`ndq_tf.distribute`) beside the others.
+Adding an exchange:
+
+1. A module here with a `base.Exchange` subclass and one instance of it,
+   `EXCHANGE`. The subclass sets `name` (the value of `transport=` that
+   picks it, reported by the telemetry), `framing_words` and `automatic`,
+   and overrides `refusal` (the codecs it cannot carry, as a sentence),
+   `bits` and `work` (its cost model, docs/scaling.md) and
+   `run(context, transport, codecs, plan, senders)`, which builds the
+   encode, the exchange through `transport` and the decode, draws every
+   seed from `context.seed`, and ends with `context.record`.
+2. Its instance appended to `EXCHANGES` below. Append only: a name's
+   position is its code in the telemetry's checkpointed variables. The
+   options then accept the name, the cost model prices it and
+   `transport="auto"` may pick it (if `automatic`).
+3. A transport, if none of `ndq_tf.core.transports` moves what it needs:
+   one for replicas of one process (device copies or sums) and one for
+   workers (TF's collectives). A transport is named for what it moves and
+   knows no codecs. The strategies' cross-device ops
+   (`ndq_tf.distribute.cross_device_ops`, `ndq_tf.distribute.multi_worker`)
+   build it and hand it to `ExchangeEngine.exchange` in its `transports`,
+   keyed by the exchange's name.
+4. Tests: its declarations in tests/test_exchanges.py, its cost model
+   against the tensors it really sends in tests/test_exchange_cost.py, and
+   the strategies' sums under `transport=<name>`.
 """
 
 from ndq_tf import _deprecation
 from ndq_tf.core.exchanges import base
+from ndq_tf.core.exchanges import context
 from ndq_tf.core.exchanges import feedback
 from ndq_tf.core.exchanges import gather
 from ndq_tf.core.exchanges import reduce_scatter
@@ -21,6 +44,7 @@ from ndq_tf.core.exchanges import sum as sum_exchange
 
 __all__ = [
     "EXCHANGES",
+    "ExchangeContext",
     "NAMES",
     "get",
 ]
@@ -33,6 +57,8 @@ EXCHANGES = (gather.EXCHANGE, sum_exchange.EXCHANGE,
 NAMES = tuple(e.name for e in EXCHANGES)
 
 _BY_NAME = {e.name: e for e in EXCHANGES}
+
+ExchangeContext = context.ExchangeContext
 
 
 def get(name):

@@ -6,9 +6,10 @@ to every receiver; `sum`: integer codes summed by an all-reduce). Each one
 is an `Exchange`: its name (the value of the option `transport`), which
 codecs it carries, its cost in bits and in decode work per worker (the
 cost model of docs/scaling.md), its framing words, and `run`, which builds
-the exchange's ops with the engine's helpers (seeds, nested state,
-telemetry: `ndq_tf.core.engine.ExchangeEngine`). A transport
-(`ndq_tf.core.transports`) only moves bytes.
+the exchange's ops from a small context (`context.ExchangeContext`: the
+options, step, fingerprint, seeds, state stores and telemetry of the call),
+never the engine. A transport (`ndq_tf.core.transports`) only moves bytes,
+and is named for what it moves.
 """
 
 import collections
@@ -82,23 +83,17 @@ class Exchange:
     """
     raise NotImplementedError
 
-  def run(self, engine, transport, codecs, plan, senders, step, mean,
-          divisor, lossless_values, mark):
+  def run(self, context, transport, codecs, plan, senders):
     """Builds the exchange; returns one list of summed tensors per receiver.
 
     Args:
-      engine: the `ExchangeEngine` (its options, `seed`, `nested_state`,
-        `update_nested_state` and `record`).
-      transport: the transport of this exchange (`engine.exchange`'s
+      context: the call's `context.ExchangeContext` (options, step,
+        fingerprint, `seed`, the state stores, `record`, the mean).
+      transport: the transport of this exchange (`ExchangeEngine.exchange`'s
         `transports[self.name]`).
       codecs: one codec per sender, in sender order.
       plan: the `FusionPlan` of the senders' tensors.
       senders: the local `LocalSender`s, in sender order.
-      step: the step counter's value.
-      mean: whether to divide the sum by `divisor`.
-      divisor: what a mean divides by; None: the number of senders.
-      lossless_values: the call's values that travel losslessly.
-      mark: the exchange's fingerprint (`fingerprint.fingerprint`).
     """
     raise NotImplementedError
 

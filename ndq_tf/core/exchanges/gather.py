@@ -1,7 +1,7 @@
 """The all-gather exchange: every sender's payload to every receiver.
 
 Every receiver gets every sender's packed `int32` payload (a transport's
-`exchange`: `transports.AllGatherTransport` across workers,
+`exchange`: `transports.CollectiveAllGatherTransport` across workers,
 `transports.DeviceCopyTransport` across devices) and decodes each in
 sender order, with side information for the nested senders
 (`fusion_codec.decode_senders`), then sums them
@@ -60,8 +60,7 @@ class GatherExchange(base.Exchange):
     draws += sum(n for c in codecs if getattr(c, "decoder_needs_seed", False))
     return base.Work(dither_draws=draws, decodes=num_workers)
 
-  def run(self, engine, transport, codecs, plan, senders, step, mean,
-          divisor, lossless_values, mark):
+  def run(self, context, transport, codecs, plan, senders):
     """Every sender's payload to every receiver; decode each, then sum.
 
     Chunk by chunk (`FusionPlan.chunks`): chunk `k` is encoded, moved,
@@ -69,17 +68,17 @@ class GatherExchange(base.Exchange):
     chunk `k`'s exchange while chunk `k + 1` is encoded and chunk `k - 1`
     decoded (a multi-worker transport's collectives keep program order).
     """
-    options = engine.options
+    options, step = context.options, context.step
     num_senders = transport.num_senders
     chunks = plan.chunks(options.chunk_elements)
     nested = [x.index for x in senders
               if codecs[x.index].needs_side_information]
     noise = variables = None
     if nested:
-      variables = engine.nested_state.variables_for(
+      variables = context.nested_state.variables_for(
           plan.signature, len(senders), plan.total_size // plan.bucket_size)
       if options.adaptive:
-        with tf.device(engine.device):
+        with tf.device(context.device):
           # Each nested sender's own last noise, times its gain: known to
           # the sender alone; only the steps it picks travel (in the wire).
           noise = variables[0].read_value() * variables[1].read_value()
@@ -110,7 +109,7 @@ class GatherExchange(base.Exchange):
             fused[sender.index] = plan.flatten(sender.tensors, chunk)
             wires.append(fusion_codec.encode_flat(
                 codecs[sender.index], fused[sender.index],
-                engine.seed(sender.index, step), plan,
+                context.seed(sender.index), plan,
                 noise_scale=(noise[row] if noise is not None
                              and sender.index in nested else None),
                 chunk=chunk))
@@ -119,7 +118,7 @@ class GatherExchange(base.Exchange):
         with tf.name_scope("ndq_exchange"):
           receptions = transport.exchange(
               [(x.index, x.device, w) for x, w in zip(senders, wires)],
-              words, step, fingerprint=mark)
+              words, step, fingerprint=context.fingerprint)
         payload_words += sum(words[i] for i in local)
         framing_bits += transport.framing_bits(words, local)
         link_bits += self.bits(codecs, chunk.length, num_senders)
@@ -134,7 +133,7 @@ class GatherExchange(base.Exchange):
           checks[0].extend(first.checks)
           with tf.device(first.device), tf.name_scope("ndq_decode"), \
               tf.control_dependencies(first.checks if nested else []):
-            seeds = [engine.seed(i, step) for i in range(num_senders)]
+            seeds = [context.seed(i) for i in range(num_senders)]
             decoded, side = fusion_codec.decode_senders(
                 codecs, first.wires, seeds, plan,
                 return_side_information=True, chunk=chunk,
@@ -144,8 +143,8 @@ class GatherExchange(base.Exchange):
               keep_own(me, fused[me], first.wires[me], side[me],
                        decoded[me], chunk)
           with tf.device(first.device), tf.name_scope("ndq_sum"):
-            totals[0].append(fusion_sum.sum_senders(decoded, mean=mean,
-                                                    divisor=divisor))
+            totals[0].append(fusion_sum.sum_senders(
+                decoded, mean=context.mean, divisor=context.divisor))
           continue
         for r, reception in enumerate(receptions):
           devices[r] = reception.device
@@ -158,7 +157,7 @@ class GatherExchange(base.Exchange):
             # sender used (the transport reports it), never from its own
             # counter alone.
             steps = reception.steps
-            seeds = [engine.seed(i, step if steps is None else steps[i])
+            seeds = [context.seed(i, None if steps is None else steps[i])
                      for i in range(num_senders)]
             if me in nested:
               decoded, side = fusion_codec.decode_senders(
@@ -173,8 +172,8 @@ class GatherExchange(base.Exchange):
               decoded = fusion_codec.decode_senders(
                   codecs, reception.wires, seeds, plan, chunk=chunk)
           with tf.device(reception.device), tf.name_scope("ndq_sum"):
-            totals[r].append(fusion_sum.sum_senders(decoded, mean=mean,
-                                                    divisor=divisor))
+            totals[r].append(fusion_sum.sum_senders(
+                decoded, mean=context.mean, divisor=context.divisor))
 
     results = base.split_results(plan, chunks, totals, devices, checks)
     if nested:
@@ -188,11 +187,11 @@ class GatherExchange(base.Exchange):
           statistics[me] = nested_state.sender_statistics(
               codecs[me], None, values, side, decoded, plan,
               noise_scale=None if noise is None else noise[row],
-              scales=scales, seed=engine.seed(me, step))
-      engine.update_nested_state(variables, senders, statistics, plan)
-    engine.record(transport, plan, senders, lossless_values,
-                  payload_bits=32 * payload_words, framing_bits=framing_bits,
-                  link_bits=len(senders) * link_bits)
+              scales=scales, seed=context.seed(me))
+      context.update_nested_state(variables, senders, statistics, plan)
+    context.record(self.name, num_senders, plan, len(senders),
+                   payload_bits=32 * payload_words, framing_bits=framing_bits,
+                   link_bits=len(senders) * link_bits)
     return results
 
 

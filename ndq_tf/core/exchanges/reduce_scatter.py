@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 #: The sender index whose seed stage 2 draws from (no real sender has it;
-#: -1 is the rotation's, `engine.ROTATION_SENDER`).
+#: -1 is the rotation's, `sum.ROTATION_SENDER`).
 STAGE2_SENDER = -2
 
 
@@ -266,21 +266,22 @@ class ReduceScatterExchange(base.Exchange):
     draws += (n if shared_memory else -(-n // p)) + n
     return base.Work(dither_draws=draws, decodes=copies + 1)
 
-  def run(self, engine, transport, codecs, plan, senders, step, mean,
-          divisor, lossless_values, mark):
+  def run(self, context, transport, codecs, plan, senders):
     """Encodes shards, reduces them, re-quantizes and gathers the sums.
 
     The local nested senders' statistics and noise state come from their
     own shards' decodes (`nested_shards.OwnShards`).
     """
-    options = engine.options
+    options, step = context.options, context.step
+    mark = context.fingerprint
     num_senders = transport.num_senders
     _check_codecs(codecs)
     second = stage2_codec(options)
     parts = shards(plan, num_senders)
     words = [[_words(c, plan, s) for s in parts] for c in codecs]
     words2 = [_words(second, plan, s) for s in parts]
-    feedback = (engine.feedback.variable_for(plan.signature, plan.total_size)
+    feedback = (context.feedback.variable_for(plan.signature,
+                                              plan.total_size)
                 if options.reduce_scatter_error_feedback else None)
     sums = {}  # Shard -> the re-quantized sum (with feedback: s_t).
     nested = [x.index for x in senders
@@ -289,10 +290,10 @@ class ReduceScatterExchange(base.Exchange):
     if nested:
       if len(senders) < num_senders:  # Other senders in other processes.
         nested_shards.check_across_processes(options)
-      variables = engine.nested_state.variables_for(
+      variables = context.nested_state.variables_for(
           plan.signature, len(senders), plan.total_size // plan.bucket_size)
       if options.adaptive:
-        with tf.device(engine.device):
+        with tf.device(context.device):
           # As the all-gather's: each nested sender's own noise and gain.
           noise = variables[0].read_value() * variables[1].read_value()
     own = nested_shards.OwnShards(codecs, plan, parts)
@@ -301,7 +302,7 @@ class ReduceScatterExchange(base.Exchange):
     for row, x in enumerate(senders):
       with tf.device(x.device), tf.name_scope("ndq_encode"):
         fused[x.index] = plan.flatten(x.tensors)
-        seed = engine.seed(x.index, step)
+        seed = context.seed(x.index)
         scale = noise[row] if noise is not None and x.index in nested else None
         rows.append((x.index, x.device, [
             fusion_codec.encode_flat(
@@ -320,7 +321,7 @@ class ReduceScatterExchange(base.Exchange):
           reduced.append((r.local_sender, r.device, _nothing()))
           continue
         # Every sender's seed from the step it stamped (checked equal).
-        seeds = [engine.seed(i, step if r.steps is None else r.steps[i])
+        seeds = [context.seed(i, None if r.steps is None else r.steps[i])
                  for i in range(num_senders)]
         decoded, side = fusion_codec.decode_senders(
             codecs, r.wires, seeds, plan, return_side_information=True,
@@ -336,7 +337,7 @@ class ReduceScatterExchange(base.Exchange):
           sums[r.local_sender] = total
       with tf.device(r.device), tf.name_scope("ndq_encode"):
         reduced.append((r.local_sender, r.device, fusion_codec.encode_flat(
-            second, total, engine.seed(STAGE2_SENDER, step), plan,
+            second, total, context.seed(STAGE2_SENDER), plan,
             chunk=shard)))
     with tf.name_scope("ndq_exchange"):
       gathered = transport.gather.exchange(reduced, words2, step,
@@ -354,8 +355,8 @@ class ReduceScatterExchange(base.Exchange):
         pieces = []
         for j, shard in enumerate(parts):
           if shard.length:
-            seed = engine.seed(STAGE2_SENDER,
-                               step if g.steps is None else g.steps[j])
+            seed = context.seed(STAGE2_SENDER,
+                                None if g.steps is None else g.steps[j])
             pieces.append(fusion_codec.decode_senders(
                 [second], [g.wires[j]], [seed], plan, chunk=shard)[0])
         total = tf.concat(pieces, axis=0) if len(pieces) > 1 else pieces[0]
@@ -365,11 +366,9 @@ class ReduceScatterExchange(base.Exchange):
                              pieces))
           feedback_lib.store_residuals(
               feedback, parts,
-              {j: sums[j] - decoded[j] for j in sums}, engine.device)
+              {j: sums[j] - decoded[j] for j in sums}, context.device)
       with tf.device(g.device), tf.name_scope("ndq_sum"):
-        if mean:
-          total = total / float(divisor or num_senders)
-        results.append(plan.split(total))
+        results.append(plan.split(context.finish(total, num_senders)))
 
     local = [x.index for x in senders]
     if nested:
@@ -378,13 +377,13 @@ class ReduceScatterExchange(base.Exchange):
         row = local.index(me)
         with tf.device(senders[row].device), tf.name_scope("ndq_decode"):
           mine = own.statistics(me, None if noise is None else noise[row],
-                                seed=engine.seed(me, step))
+                                seed=context.seed(me))
         if mine is not None:
           statistics[me] = mine
-      engine.update_nested_state(variables, senders, statistics, plan)
+      context.update_nested_state(variables, senders, statistics, plan)
     payload_words = sum(sum(words[i]) + words2[i] for i in local)
-    engine.record(
-        transport, plan, senders, lossless_values,
+    context.record(
+        self.name, num_senders, plan, len(senders),
         payload_bits=32 * payload_words,
         framing_bits=(transport.framing_bits(words, local)
                       + transport.gather.framing_bits(words2, local)),

@@ -104,8 +104,7 @@ class SumExchange(base.Exchange):
     return base.Work(dither_draws=draws, decodes=1,
                      lane_codes=(encodes + 1) * n)
 
-  def run(self, engine, transport, codecs, plan, senders, step, mean,
-          divisor, lossless_values, mark):
+  def run(self, context, transport, codecs, plan, senders):
     """Shared scales, codes summed as integers, one decode of the sum.
 
     One MAX all-reduce shares the scales of the whole buffer; then chunk by
@@ -116,12 +115,10 @@ class SumExchange(base.Exchange):
     codec = codecs[0]
     form = codec.summed_form()
     num_senders = transport.num_senders
-    chunks = plan.chunks(engine.options.chunk_elements)
+    chunks = plan.chunks(context.options.chunk_elements)
 
     def finish(total):
-      if mean:
-        total = total / float(divisor or num_senders)
-      return total
+      return context.finish(total, num_senders)
 
     totals = collections.defaultdict(list)  # Receiver -> one sum per chunk.
     devices = {}
@@ -149,13 +146,13 @@ class SumExchange(base.Exchange):
       d = plan.bucket_size
       # The seed encode_flat gives the buffer's one segment: a sender's
       # dither is the same under either transport.
-      seeds = [engine.seed(i, step, segment=0) for i in range(num_senders)]
+      seeds = [context.seed(i, segment=0) for i in range(num_senders)]
       all_seeds = tf.stack(seeds)
       # A rotated codec: the senders share the signs (so the sum of their
       # rotated codes is the rotated sum), each keeps its dither
       # (docs/algorithms.md#rotation-and-the-integer-all-reduce).
-      rotation = ({"rotation_seed": engine.seed(ROTATION_SENDER, step,
-                                                segment=0)}
+      rotation = ({"rotation_seed": context.seed(ROTATION_SENDER,
+                                                 segment=0)}
                   if getattr(codec, "rotation", None) else {})
       fused, own = collections.defaultdict(list), []
       for x in senders:
@@ -168,8 +165,9 @@ class SumExchange(base.Exchange):
                for part, chunk in zip(fused[x.index], chunks)])))
       with tf.name_scope("ndq_exchange"):
         shared = {r.local_sender: r
-                  for r in transport.all_reduce(own, "Max", step=step,
-                                                fingerprint=mark)}
+                  for r in transport.all_reduce(
+                      own, "Max", step=context.step,
+                      fingerprint=context.fingerprint)}
       for k, chunk in enumerate(chunks):
         first, count = chunk.start // d, codec.num_scales(chunk.length)
         layout = ndq_ops.lane_layout(codec.alphabet_size, num_senders,
@@ -207,9 +205,9 @@ class SumExchange(base.Exchange):
     # each.
     link_bits = self.bits(codecs, plan.total_size, num_senders)
     results = base.split_results(plan, chunks, totals, devices)
-    engine.record(transport, plan, senders, lossless_values,
-                  payload_bits=payload_bits, framing_bits=framing_bits,
-                  link_bits=len(senders) * link_bits)
+    context.record(self.name, num_senders, plan, len(senders),
+                   payload_bits=payload_bits, framing_bits=framing_bits,
+                   link_bits=len(senders) * link_bits)
     return results
 
 

@@ -16,12 +16,13 @@ Cost per worker and step: it receives `(P - 1)` rows of
 
 import tensorflow as tf
 
+from ndq_tf import _deprecation
 from ndq_tf.core.transports import base
 
 __all__ = [
     "HEADER_WORDS",
     "MAGIC",
-    "AllGatherTransport",
+    "CollectiveAllGatherTransport",
     "stamp_checks",
 ]
 
@@ -30,7 +31,7 @@ HEADER_WORDS = 5
 MAGIC = 0x4E445131  # "NDQ1"
 
 
-class AllGatherTransport(base.Transport):
+class CollectiveAllGatherTransport(base.Transport):
   """All-gathers one framed `int32` row per worker.
 
   Args:
@@ -43,7 +44,7 @@ class AllGatherTransport(base.Transport):
     who: how the errors name the program (e.g. the strategy's class).
   """
 
-  name = "all_gather"
+  name = "collective_all_gather"
 
   def __init__(self, all_gather, num_workers, worker_id, device,
                who="ndq_tf.MultiWorkerMirroredStrategy"):
@@ -137,3 +138,8 @@ def stamp_checks(who, senders, steps, prints):
        "but worker", senders[high], "sent", prints[high], ". Every worker "
        "must run the same program, with the same options and model."])
   return [steps_ok, prints_ok]
+
+
+# Renamed for what it moves (deprecated name, one release).
+__getattr__ = _deprecation.moved_attributes(__name__, {
+    "AllGatherTransport": f"{__name__}.CollectiveAllGatherTransport"})

@@ -9,15 +9,15 @@ receiver. Like the other transports it never looks inside a payload.
 
 Two implementations:
 
-* `AllToAllTransport` (multi-worker): one `CollectiveAllToAllV2`
+* `CollectiveAllToAllTransport` (multi-worker): one `CollectiveAllToAllV2`
   (`tf_internals.all_to_all`) of a `[P, SCATTER_HEADER_WORDS + W]` `int32`
   array, row `j` for worker `j`: a header (magic, sender, shard, step,
   fingerprint) and the shard's wire, zero-padded to the longest shard
   wire `W` of the exchange. The received rows are put in sender order and
-  checked as `AllGatherTransport` checks its rows: a malformed header, a
-  shard meant for another worker, steps or fingerprints that disagree
-  stop the step with an error naming them. Stage 2 is an
-  `AllGatherTransport`.
+  checked as `CollectiveAllGatherTransport` checks its rows: a malformed
+  header, a shard meant for another worker, steps or fingerprints that
+  disagree stop the step with an error naming them. Stage 2 is a
+  `CollectiveAllGatherTransport`.
 * `DeviceAllToAllTransport` (`ndq_tf.MirroredStrategy`): device copies in
   one process, stage 2 a `DeviceCopyTransport`.
 
@@ -27,6 +27,7 @@ Cost per worker and step of stage 1: it sends `P - 1` rows of
 
 import tensorflow as tf
 
+from ndq_tf import _deprecation
 from ndq_tf.core.transports import all_gather
 from ndq_tf.core.transports import base
 from ndq_tf.core.transports import device_copy
@@ -34,7 +35,7 @@ from ndq_tf.core.transports import device_copy
 __all__ = [
     "SCATTER_HEADER_WORDS",
     "SCATTER_MAGIC",
-    "AllToAllTransport",
+    "CollectiveAllToAllTransport",
     "DeviceAllToAllTransport",
 ]
 
@@ -52,14 +53,15 @@ def _check_rows(local_rows, words, num_senders):
           f"{sender}.")
 
 
-class AllToAllTransport:
+class CollectiveAllToAllTransport:
   """Shards by one collective all-to-all; reduced shards by an all-gather.
 
   Args:
     all_to_all: a function `(int32 [P, k]) -> int32 [P, k]`, row `i` of the
       result from the worker of rank `i` (`tf_internals.all_to_all` bound to
       a `CollectiveReplicaLauncher` and its options).
-    gather: the `AllGatherTransport` of stage 2, over the same workers.
+    gather: the `CollectiveAllGatherTransport` of stage 2, over the same
+      workers.
     num_workers: workers (senders and receivers) in the job.
     worker_id: this worker's index, `0 <= worker_id < num_workers`; it
       receives shard `worker_id`.
@@ -67,7 +69,7 @@ class AllToAllTransport:
     who: how the errors name the program (e.g. the strategy's class).
   """
 
-  name = "reduce_scatter"
+  name = "collective_all_to_all"
   shared_memory = False
 
   def __init__(self, all_to_all, gather, num_workers, worker_id, device,
@@ -174,7 +176,7 @@ class DeviceAllToAllTransport:
     devices: the replicas' devices, in sender order.
   """
 
-  name = "reduce_scatter"
+  name = "device_all_to_all"
 
   def __init__(self, devices):
     self._devices = tuple(devices)
@@ -190,7 +192,7 @@ class DeviceAllToAllTransport:
     return 0
 
   def scatter(self, local_rows, words, step, fingerprint=0):
-    """As `AllToAllTransport.scatter`, every sender local."""
+    """As `CollectiveAllToAllTransport.scatter`, every sender local."""
     del step, fingerprint  # One process, one counter, one options object.
     rows = [w for _, _, w in sorted(local_rows, key=lambda x: x[0])]
     if len(rows) != len(self._devices):
@@ -205,3 +207,8 @@ class DeviceAllToAllTransport:
             device=device, wires=[tf.identity(w[j]) for w in rows],
             steps=None, local_sender=j, checks=[]))
     return receptions
+
+
+# Renamed for what it moves (deprecated name, one release).
+__getattr__ = _deprecation.moved_attributes(__name__, {
+    "AllToAllTransport": f"{__name__}.CollectiveAllToAllTransport"})

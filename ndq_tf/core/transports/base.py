@@ -1,4 +1,19 @@
-"""What a transport does for `ndq_tf.core.engine.ExchangeEngine`."""
+"""What a transport does for an exchange (`ndq_tf.core.exchanges`).
+
+A transport moves packed payloads, or sums tensors, between the senders and
+the receivers of an exchange; it knows no codecs and never looks inside a
+payload. Each is named for what it moves and how (`name`):
+
+* `"device_copy"`, `"device_sum"`, `"device_all_to_all"`: replicas of one
+  process (`ndq_tf.MirroredStrategy`), by device copies and one sum;
+* `"collective_all_gather"`, `"collective_sum"`,
+  `"collective_all_to_all"`: one sender per worker
+  (`ndq_tf.MultiWorkerMirroredStrategy`), by TF's collectives.
+
+An exchange (an algorithm: `"all_gather"`, `"all_reduce"`,
+`"reduce_scatter"`) picks its transport by its own name; the telemetry
+reports the exchange's name, never the transport's.
+"""
 
 import abc
 import collections
@@ -41,7 +56,8 @@ class Transport(abc.ABC):
   receivers of this process are; they never look inside a payload.
   """
 
-  #: The name reported in the telemetry.
+  #: What it moves and how (`"device_copy"`, ...), for logs and errors; the
+  #: telemetry reports the exchange's name instead.
   name = None
 
   #: Whether every receiver of this process reads the same memory (replicas
@@ -91,7 +107,7 @@ class SummingTransport(abc.ABC):
   of codecs either.
   """
 
-  #: The name reported in the telemetry.
+  #: What it sums and how (`"device_sum"`, `"collective_sum"`).
   name = None
 
   #: As for `Transport.shared_memory`: the engine decodes the sum once.

@@ -49,7 +49,7 @@ class CollectiveSumTransport(base.SummingTransport):
     who: how the errors name the program (e.g. the strategy's class).
   """
 
-  name = "all_reduce"
+  name = "collective_sum"
 
   def __init__(self, all_reduce, num_workers, worker_id, device,
                who="ndq_tf.MultiWorkerMirroredStrategy"):

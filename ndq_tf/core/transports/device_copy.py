@@ -22,7 +22,7 @@ class DeviceCopyTransport(base.Transport):
     devices: the replicas' devices, in sender order.
   """
 
-  name = "all_gather"
+  name = "device_copy"
 
   def __init__(self, devices):
     self._devices = tuple(devices)

@@ -26,7 +26,7 @@ class DeviceSumTransport(base.SummingTransport):
     devices: the replicas' devices, in sender order.
   """
 
-  name = "all_reduce"
+  name = "device_sum"
 
   def __init__(self, devices):
     self._devices = tuple(devices)
