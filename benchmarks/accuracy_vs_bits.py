@@ -233,7 +233,10 @@ def run_path(runs_dir, workload, row, seed, digest):
 def make_strategy(row, seed, devices):
   """The row's `ndq_tf.MirroredStrategy` on `devices`."""
   import ndq_tf  # pylint: disable=g-import-not-at-top
-  kwargs = row.strategy_kwargs()
+  kwargs = row.strategy_kwargs()  # Recorded under the names of release 0.1.
+  kwargs["exchange"] = kwargs.pop("transport")
+  if "reference_replicas" in kwargs:
+    kwargs["reference_group"] = kwargs.pop("reference_replicas")
   if "reference_codec" in kwargs:
     kwargs["reference_codec"] = ndq_tf.codecs.get(kwargs["reference_codec"])
   return ndq_tf.MirroredStrategy(codec=ndq_tf.codecs.get(row.codec),

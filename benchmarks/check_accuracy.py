@@ -87,7 +87,7 @@ def _dqsg_vs_float32(report, devices, data):
   reference = _accuracy(common.fit_digits_mlp(_tf_strategy(tf, devices),
                                               data)[0], data)
   strategy = ndq_tf.MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=3),
-                                     devices=devices, transport="all_gather")
+                                     devices=devices, exchange="all_gather")
   accuracy = _accuracy(common.fit_digits_mlp(strategy, data)[0], data)
   ratio = strategy.compression_stats()["compression_ratio"]
   name = "dqsg_vs_float32"
@@ -111,7 +111,7 @@ def _nested_half(report, devices, data):
     nested = ndq_tf.MirroredStrategy(
         codec=ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3),
         reference_codec=ndq_tf.DitheredCodec(num_levels=3),
-        reference_replicas=2, adaptive=True, devices=devices, seed=seed)
+        reference_group=2, adaptive=True, devices=devices, seed=seed)
     accuracy = _accuracy(common.fit_digits_mlp(nested, data, seed=seed)[0],
                          data)
     bits = nested.compression_stats()["sent_bits"]
@@ -141,7 +141,7 @@ def _sync_bn(report, devices, data):
   for num_levels, most_bits in ((1, 2.0), (3, 3.5)):
     strategy = ndq_tf.MirroredStrategy(
         codec=ndq_tf.DitheredCodec(num_levels=num_levels), devices=devices,
-        transport="all_gather")
+        exchange="all_gather")
     accuracy = _sync_bn_fit(strategy, data)
     bits = strategy.compression_stats()["sent_bits_per_element"]
     name = "sync_bn"

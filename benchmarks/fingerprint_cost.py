@@ -32,7 +32,7 @@ def _worker(args):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import ndq_tf  # pylint: disable=g-import-not-at-top
   strategy = ndq_tf.MultiWorkerMirroredStrategy(
-      codec=ndq_tf.DitheredCodec(num_levels=1), transport=args.transport,
+      codec=ndq_tf.DitheredCodec(num_levels=1), exchange=args.transport,
       cluster_timeout=120)
   worker = strategy.cluster_resolver.task_id
   ops = strategy.compressed_all_reduce

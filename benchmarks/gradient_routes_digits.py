@@ -79,7 +79,7 @@ def _strategies():
       "tf": lambda: tf.distribute.MirroredStrategy(
           devices, cross_device_ops=tf.distribute.ReductionToOneDevice()),
       "ndq": lambda: ndq_tf.MirroredStrategy(
-          codec=FLAGS.codec, devices=devices, transport=FLAGS.transport,
+          codec=FLAGS.codec, devices=devices, exchange=FLAGS.transport,
           **_levels()),
   }
 

@@ -127,13 +127,16 @@ def _strategy(args):
     codec = "float16"
   elif method == "ndqsg":
     codec = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)
-    kwargs.update(reference_codec=dqsg, reference_workers=1)
+    kwargs.update(reference_codec=dqsg, reference_group=1)
+    if "reference_group" not in inspect.signature(
+        ndq_tf.MultiWorkerMirroredStrategy).parameters:  # Before #33.
+      kwargs["reference_workers"] = kwargs.pop("reference_group")
   else:
     codec = dqsg
   transport = TRANSPORT[method]
-  if "transport" in inspect.signature(
-      ndq_tf.MultiWorkerMirroredStrategy).parameters:
-    kwargs["transport"] = transport
+  parameters = inspect.signature(ndq_tf.MultiWorkerMirroredStrategy).parameters
+  if "exchange" in parameters or "transport" in parameters:
+    kwargs["exchange" if "exchange" in parameters else "transport"] = transport
   elif transport != "all_gather":
     raise RuntimeError(
         f"--method {args.method} needs transport={transport!r}, and this "

@@ -128,7 +128,7 @@ def main(argv):
   if _MIN_ELEMENTS.value is not None:
     kwargs["min_elements"] = _MIN_ELEMENTS.value
   if _TRANSPORT.value is not None:
-    kwargs["transport"] = _TRANSPORT.value
+    kwargs["exchange"] = _TRANSPORT.value
   chunk_options = []
   for value in _CHUNKS.value:
     if value == "default":
@@ -145,7 +145,7 @@ def main(argv):
     nested = {}
     if codec.needs_side_information:
       nested = {"reference_codec": ndq_tf.DitheredCodec(num_levels=3),
-                "reference_replicas": 0.5, "adaptive": _ADAPTIVE.value}
+                "reference_group": 0.5, "adaptive": _ADAPTIVE.value}
     try:
       strategy = ndq_tf.distribute.MirroredStrategy(
           codec=codec, devices=devices, **kwargs, **nested, **chunk)

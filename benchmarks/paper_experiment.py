@@ -160,7 +160,7 @@ def make_strategy(run, seed, devices):
   kwargs = {"seed": seed}
   if reference is not None:
     kwargs["reference_codec"] = ndq_tf.codecs.get(reference)
-    kwargs["reference_replicas"] = paper_runs.reference_replicas(
+    kwargs["reference_group"] = paper_runs.reference_replicas(
         run, len(devices))
     kwargs["adaptive"] = run in paper_runs.ADAPTIVE_RUNS
   return ndq_tf.MirroredStrategy(codec=ndq_tf.codecs.get(spec),

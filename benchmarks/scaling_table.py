@@ -88,7 +88,7 @@ def _rows(n, bucket_size, workers):
       # The reduce-scatter with ternary re-quantization of the sums.
       ternary = reduce_scatter.stage2_codec(
           ndq_tf.distribute.CompressionOptions(
-              codec, transport="reduce_scatter", reduce_scatter_levels=1))
+              codec, exchange="reduce_scatter", reduce_scatter_levels=1))
       rows.append((f"{label}, reduce_scatter_levels=1", [
           reduce_scatter.bits_per_element(codec, n, p, stage2=ternary)
           for p in workers]))

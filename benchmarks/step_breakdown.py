@@ -303,7 +303,7 @@ def make_strategy(devices):
   codec = ndq_tf.codecs.get(_CODEC.value)
   kwargs = {}
   if _TRANSPORT.value is not None:
-    kwargs["transport"] = _TRANSPORT.value
+    kwargs["exchange"] = _TRANSPORT.value
   if multi_worker:
     return (ndq_tf.MultiWorkerMirroredStrategy(codec=codec, **kwargs),
             f"ndq_tf.MultiWorkerMirroredStrategy, {_CODEC.value}")

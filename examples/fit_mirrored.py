@@ -111,8 +111,8 @@ def make_strategy(spec, devices):
     reference = _REFERENCE_REPLICAS.value
     kwargs["reference_codec"] = ndq_tf.DitheredCodec(
         num_levels=3, bucket_size=codec.bucket_size)
-    kwargs["reference_replicas"] = (int(reference) if reference >= 1
-                                    else reference)
+    kwargs["reference_group"] = (int(reference) if reference >= 1
+                                 else reference)
     if _ADAPTIVE.value:
       kwargs["adaptive"] = True
   try:

@@ -82,8 +82,8 @@ def make_strategy():
   if codec.needs_side_information:
     reference = _REFERENCE_WORKERS.value
     kwargs["reference_codec"] = ndq_tf.DitheredCodec(num_levels=3)
-    kwargs["reference_workers"] = (int(reference) if reference >= 1
-                                   else reference)
+    kwargs["reference_group"] = (int(reference) if reference >= 1
+                                 else reference)
   return multi_worker.MultiWorkerMirroredStrategy(
       codec=codec, min_elements=_MIN_ELEMENTS.value, seed=_SEED.value,
       cluster_timeout=_CLUSTER_TIMEOUT.value,

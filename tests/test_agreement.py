@@ -44,7 +44,7 @@ CASES = {
     "chunk_elements": "`chunk_elements` is 1048576 on worker 0, 1024 on "
                       "worker 1",
     "min_elements": "`min_elements` is 1000 on worker 0, 500 on worker 1",
-    "reference_workers": "`reference_workers` is 1 on worker 0, 0.5 on "
+    "reference_group": "`reference_group` is 1 on worker 0, 0.5 on "
                          "worker 1",
 }
 
@@ -140,9 +140,9 @@ def _options(**kwargs):
     {"min_elements": 100},
     {"chunk_elements": 1024},
     {"chunk_elements": None},
-    {"transport": "all_gather"},
+    {"exchange": "all_gather"},
 ], ids=["seed", "codec", "num_levels", "bucket_size", "min_elements",
-        "chunk_elements", "one_chunk", "transport"])
+        "chunk_elements", "one_chunk", "exchange"])
 def test_fingerprint_covers_every_option(changes):
   base = fingerprint.fingerprint(_options(), "plan_a", "all_gather")
   assert base == fingerprint.fingerprint(_options(), "plan_a", "all_gather")

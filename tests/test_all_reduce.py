@@ -1,6 +1,6 @@
 """The integer all-reduce transport (issue #11) inside one process.
 
-`ndq_tf.MirroredStrategy(transport="all_reduce")` on 4 logical CPU devices:
+`ndq_tf.MirroredStrategy(exchange="all_reduce")` on 4 logical CPU devices:
 the strategy's result is, bit for bit, what the public codec API computes
 from the same seeds (shared scales, symbols summed in lanes, one decode of
 the sum); every replica gets the same bits; a bucket with a NaN decodes to
@@ -77,7 +77,7 @@ def _assert_identical(values):
 def test_strategy_result_is_the_codec_api_sum_bit_for_bit(spec):
   codec = ndq_tf.codecs.get(spec)
   strategy = ndq_tf.MirroredStrategy(codec=codec, devices=_devices(),
-                                     transport="all_reduce", seed=SEED)
+                                     exchange="all_reduce", seed=SEED)
   n = 4 * codec.bucket_size
   for step in range(2):
     grads = _gradients(n, seed=step)
@@ -98,10 +98,10 @@ def test_mean_divides_the_decoded_sum_by_the_replicas():
   codec = ndq_tf.DitheredCodec(num_levels=2)
   grads = _gradients(1024, seed=5)
   total = _reduce(ndq_tf.MirroredStrategy(codec=codec, devices=_devices(),
-                                          transport="all_reduce", seed=SEED),
+                                          exchange="all_reduce", seed=SEED),
                   grads)
   mean = _reduce(ndq_tf.MirroredStrategy(codec=codec, devices=_devices(),
-                                         transport="all_reduce", seed=SEED),
+                                         exchange="all_reduce", seed=SEED),
                  grads, "mean")
   np.testing.assert_array_equal(mean[0], total[0] / np.float32(NUM_REPLICAS))
 
@@ -114,7 +114,7 @@ def test_a_nan_bucket_decodes_to_nan_and_spares_the_others(spec):
   grads[2, d + 5] = np.nan  # replica 2, bucket 1
   grads[1, 3 * d] = np.inf  # replica 1, bucket 3
   got = _reduce(ndq_tf.MirroredStrategy(codec=codec, devices=_devices(),
-                                        transport="all_reduce", seed=SEED),
+                                        exchange="all_reduce", seed=SEED),
                 grads)
   _assert_identical(got)
   assert np.isnan(got[0][d:2 * d]).all() and np.isnan(got[0][3 * d:]).all()
@@ -132,7 +132,7 @@ def test_a_nan_bucket_decodes_to_nan_and_spares_the_others(spec):
 def test_float32_sums_equal_on_both_transports(transport):
   grads = _gradients(3000, seed=9)
   got = _reduce(ndq_tf.MirroredStrategy(codec="float32", devices=_devices(),
-                                        transport=transport), grads)
+                                        exchange=transport), grads)
   _assert_identical(got)
   want = tf.reduce_sum(tf.constant(grads), axis=0).numpy()
   np.testing.assert_array_equal(got[0], want)
@@ -141,7 +141,7 @@ def test_float32_sums_equal_on_both_transports(transport):
 def test_float16_sums_the_half_precision_values():
   grads = _gradients(3000, seed=10)
   strategy = ndq_tf.MirroredStrategy(codec="float16", devices=_devices(),
-                                     transport="all_reduce")
+                                     exchange="all_reduce")
   got = _reduce(strategy, grads)
   _assert_identical(got)
   want = tf.cast(tf.reduce_sum(tf.cast(grads, tf.float16), axis=0),
@@ -189,7 +189,7 @@ def test_shared_memory_gathers_codes_and_sums_float16():
 def test_model_fit_keeps_mirrored_variables_bitwise_identical():
   strategy = ndq_tf.MirroredStrategy(codec="dqsg:num_levels=1",
                                      devices=_devices(),
-                                     transport="all_reduce")
+                                     exchange="all_reduce")
   rng = np.random.default_rng(0)
   x = rng.normal(size=(512, 32)).astype(np.float32)
   y = (x[:, :4].sum(axis=1) > 0).astype(np.int64)
@@ -227,21 +227,21 @@ def test_all_reduce_refuses_nested_codecs_saying_why():
     ndq_tf.CompressedAllReduce(
         ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3),
         reference_codec=ndq_tf.DitheredCodec(num_levels=3),
-        transport="all_reduce")
+        exchange="all_reduce")
 
 
 def test_unknown_transport_names_the_choices():
-  with pytest.raises(ValueError, match=r"`transport` must be one of 'auto', "
+  with pytest.raises(ValueError, match=r"`exchange` must be one of 'auto', "
                      r"'all_gather', 'all_reduce', 'reduce_scatter'. "
-                     r"Received: transport='ring'"):
+                     r"Received: exchange='ring'"):
     ndq_tf.MirroredStrategy(codec="dqsg", devices=_devices(),
-                            transport="ring")
+                            exchange="ring")
 
 
-@pytest.mark.parametrize("transport", options_lib.TRANSPORTS)
+@pytest.mark.parametrize("transport", options_lib.EXCHANGES)
 def test_transport_round_trips_through_the_config(transport):
-  ops_ = ndq_tf.CompressedAllReduce("terngrad", transport=transport)
-  assert ops_.transport == transport
+  ops_ = ndq_tf.CompressedAllReduce("terngrad", exchange=transport)
+  assert ops_.exchange == transport
   config = ops_.get_config()
   assert config["transport"] == transport
   assert ndq_tf.CompressedAllReduce.from_config(config).options == ops_.options

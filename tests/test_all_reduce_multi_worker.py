@@ -1,6 +1,6 @@
 """The integer all-reduce transport (#11) on real worker processes.
 
-`ndq_tf.MultiWorkerMirroredStrategy(codec, transport=...)` in local jobs of
+`ndq_tf.MultiWorkerMirroredStrategy(codec, exchange=...)` in local jobs of
 2 and 3 workers on 127.0.0.1 (one CPU device each), started through
 `ndq_tf/launch.py` by `multi_worker_job.MultiWorkerJob` and bounded by the
 launcher's `--timeout`. Every worker runs
@@ -16,16 +16,16 @@ process: a second `MultiWorkerMirroredStrategy` after a first one's
 program startup") in 4 of 5 such jobs run beside another job (never in
 the 2 run alone).
 
-* `p2`, `p3`: 10 steps with `transport="all_reduce"` on 2 and 3 workers
+* `p2`, `p3`: 10 steps with `exchange="all_reduce"` on 2 and 3 workers
   (jobs of 4 and 8 workers were dropped for time, issue #31: the lane
   widths of every P are tests/test_lane_ops.py's, and 8 TensorFlow
   processes cost about as much CPU as the rest of the file);
-* `auto2`: 3 steps with `transport="auto"` on 2 workers, where the time
+* `auto2`: 3 steps with `exchange="auto"` on 2 workers, where the time
   model picks the all-gather (test_reduce_scatter_multi_worker.py's `p3`
   asks for `"auto"` on 3, where it picks the reduce-scatter);
-* `die`: `transport="all_reduce"`; worker 1 exits with code 3 at the start
+* `die`: `exchange="all_reduce"`; worker 1 exits with code 3 at the start
   of step 5;
-* `step_offset`: `transport="all_reduce"`; worker 1's compression step
+* `step_offset`: `exchange="all_reduce"`; worker 1's compression step
   starts `STEP_OFFSET` ahead, past the 24 bits of a float32 stamp word.
 
 The expected telemetry is computed here from the shapes the workers report,
@@ -239,7 +239,7 @@ def _expected(shapes, num_workers, transport):
 
 
 def _auto_transport(shapes, num_workers):
-  """What `transport="auto"` should pick for gradients of `shapes`."""
+  """What `exchange="auto"` should pick for gradients of `shapes`."""
   options = options_lib.CompressionOptions(CODEC)
   n, _ = _expected(shapes, num_workers, "all_gather")
   return cost_model.auto(options.sender_codecs(num_workers), n,

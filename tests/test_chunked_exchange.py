@@ -83,9 +83,9 @@ _SUM = ["dqsg:num_levels=1", "dqsg:num_levels=3,bucket_size=128",
                          ids=["one_bucket_chunks", "chunks_of_1000"])
 def test_chunks_give_the_bits_of_one_exchange(transport, spec,
                                               chunk_elements, shapes):
-  whole, _ = _run(codec=spec, transport=transport, chunk_elements=None,
+  whole, _ = _run(codec=spec, exchange=transport, chunk_elements=None,
                   shapes=shapes)
-  chunked, strategy = _run(codec=spec, transport=transport,
+  chunked, strategy = _run(codec=spec, exchange=transport,
                            chunk_elements=chunk_elements, shapes=shapes)
   _assert_same_bits(chunked, whole)
   assert strategy.compression_stats()["exchange_count"] == 2
@@ -93,9 +93,9 @@ def test_chunks_give_the_bits_of_one_exchange(transport, spec,
 
 def test_mean_in_chunks_is_the_mean_of_one_exchange():
   whole, _ = _run(codec="dqsg:num_levels=2", reduce_op="mean",
-                  transport="all_gather", chunk_elements=None)
+                  exchange="all_gather", chunk_elements=None)
   chunked, _ = _run(codec="dqsg:num_levels=2", reduce_op="mean",
-                    transport="all_gather", chunk_elements=700)
+                    exchange="all_gather", chunk_elements=700)
   _assert_same_bits(chunked, whole)
 
 
@@ -104,7 +104,7 @@ def test_nested_senders_in_chunks_decode_and_learn_the_same(adaptive):
   """Side information, statistics and the adaptive state: chunk-blind."""
   nested = dict(codec=ndq_tf.NestedDitheredCodec(coarse_ratio=3),
                 reference_codec=ndq_tf.DitheredCodec(num_levels=1),
-                reference_replicas=2, adaptive=adaptive)
+                reference_group=2, adaptive=adaptive)
   # Three steps: the adaptive mode's second and third encode with the noise
   # state the chunked statistics left.
   whole, s_whole = _run(steps=3, chunk_elements=None, **nested)
@@ -125,7 +125,7 @@ def test_nested_senders_in_chunks_decode_and_learn_the_same(adaptive):
 
 def test_telemetry_counts_every_chunk():
   codec = ndq_tf.DitheredCodec(num_levels=1)
-  _, strategy = _run(steps=1, codec=codec, transport="all_gather",
+  _, strategy = _run(steps=1, codec=codec, exchange="all_gather",
                      chunk_elements=1024)
   plan = fusion.FusionPlan(SHAPES, [tf.float32] * len(SHAPES),
                            codec.bucket_size)

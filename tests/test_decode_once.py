@@ -81,7 +81,7 @@ def test_the_host_cpu_devices_share_memory_and_gpus_do_not():
 def test_decoding_once_gives_every_replica_the_bits_of_decoding_each(
     transport, spec, chunk_elements):
   options = options_lib.CompressionOptions(
-      spec, transport=transport, chunk_elements=chunk_elements, seed=5)
+      spec, exchange=transport, chunk_elements=chunk_elements, seed=5)
   each, engine = _exchange(options, shared=False)
   once, _ = _exchange(options, shared=True)
   assert engine.stats()["transport"] == transport

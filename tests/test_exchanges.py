@@ -90,14 +90,14 @@ def test_refusal_says_why_and_options_raise_it():
   assert "residues" in summed.refusal(nested, nested=True)
   assert exchanges.get("all_gather").refusal(nested, nested=True) is None
   with pytest.raises(ValueError, match="all_reduce' cannot sum.*residues"):
-    options_lib.CompressionOptions(nested, transport="all_reduce",
+    options_lib.CompressionOptions(nested, exchange="all_reduce",
                                    reference_codec=ndq_tf.DitheredCodec(3))
 
   class Undeclared(ndq_tf.DitheredCodec):
     pass
 
   with pytest.raises(ValueError, match="all_reduce' cannot sum.*only the"):
-    options_lib.CompressionOptions(Undeclared(), transport="all_reduce")
+    options_lib.CompressionOptions(Undeclared(), exchange="all_reduce")
 
 
 def test_the_cost_model_is_each_exchanges_own_bits():

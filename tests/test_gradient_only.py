@@ -81,7 +81,7 @@ def test_synchronized_batch_norm_statistics_match_tf_and_gradients_are_compresse
   # sums M=3 codes of 4 replicas in 5-bit lanes instead).
   strategy = ndq_tf.MirroredStrategy(
       codec=ndq_tf.DitheredCodec(num_levels=num_levels), devices=_devices(),
-      transport="all_gather")
+      exchange="all_gather")
   # An offset makes the per-channel means large against their spread, so a
   # quantized sum would show (the symptom: means off by several).
   x_offset, _, y_offset, _ = _digits(offset=5.0)

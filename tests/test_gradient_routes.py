@@ -42,7 +42,7 @@ def _devices(n=NUM_REPLICAS):
 
 def _strategy(transport):
   return ndq_tf.MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=1),
-                                 devices=_devices(), transport=transport)
+                                 devices=_devices(), exchange=transport)
 
 
 #: Elements of the MLP's trainable variables of at least min_elements=256.

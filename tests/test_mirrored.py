@@ -110,7 +110,7 @@ class TestCompressedAllReduce:
   def test_all_reduce_is_bitwise_identical_on_every_replica(self, transport):
     strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=M),
                                 devices=_devices(), min_elements=64,
-                                transport=transport)
+                                exchange=transport)
     ops = strategy.compressed_all_reduce
     rng = np.random.default_rng(1)
     base = tf.constant(rng.normal(size=(1000,)), tf.float32)
@@ -319,7 +319,7 @@ class TestCompressedAllReduce:
   def test_run_refuses_a_jit_compiled_replica_function(self):
     strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=M),
                                 devices=_devices(), min_elements=16,
-                                transport="all_gather")
+                                exchange="all_gather")
     ops = strategy.compressed_all_reduce
     x = tf.ones([64])
 

@@ -50,7 +50,7 @@ def _assert_replicas_identical(variables):
 def test_fit_keeps_every_replica_bitwise_identical_and_counts_wire_bits():
   codec = ndq_tf.DitheredCodec(num_levels=3)
   strategy = MirroredStrategy(codec=codec, devices=_devices(), seed=11,
-                              transport="all_gather")
+                              exchange="all_gather")
   ops = strategy.compressed_all_reduce
   keras.utils.set_random_seed(0)
   with strategy.scope():
@@ -114,7 +114,7 @@ def test_digits_mlp_sends_ten_times_fewer_bits():
   # The all-gather's payloads: "auto" would sum these codes in 5-bit lanes
   # (fewer bits on the links, more per payload; tests/test_all_reduce.py).
   strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=3),
-                              devices=_devices(), transport="all_gather")
+                              devices=_devices(), exchange="all_gather")
   model = digits_recipe.model(strategy)
   model.fit(x_train[:256], y_train[:256], batch_size=128, epochs=1,
             shuffle=False, verbose=0)

@@ -88,11 +88,11 @@ def test_strategy_is_a_multi_worker_mirrored_strategy():
     ({"seed": 2**40}, r"`seed` must be an integer .*Received: seed=1099511627776"),
     ({"cluster_timeout": -1},
      r"`cluster_timeout` must be a positive .*Received: cluster_timeout=-1\."),
-    ({"reference_workers": 1},
-     r"only for a nested `codec`.*reference_workers=1"),
+    ({"reference_group": 1},
+     r"only for a nested `codec`.*reference_group=1"),
     ({"adaptive": True}, r"only for a nested `codec`.*adaptive=True"),
 ], ids=["codec_spec", "codec_class", "codec_none", "min_elements", "seed",
-        "cluster_timeout", "reference_workers", "adaptive"])
+        "cluster_timeout", "reference_group", "adaptive"])
 def test_invalid_arguments_name_the_argument_and_value(kwargs, message):
   import ndq_tf  # pylint: disable=g-import-not-at-top
   args = {"codec": ndq_tf.DitheredCodec(num_levels=3)}
@@ -204,7 +204,7 @@ def _one_worker_exchange(chunk_elements, group_key_start):
           group_key_start=group_key_start),
       compression=options_lib.CompressionOptions(
           ndq_tf.DitheredCodec(num_levels=1), min_elements=10,
-          transport="all_gather", chunk_elements=chunk_elements),
+          exchange="all_gather", chunk_elements=chunk_elements),
       num_workers=1, worker_id=0, labels=None)
   with tf.device(devices[0]):
     value = tf.random.stateless_normal([3000], seed=[3, 1])

@@ -121,23 +121,23 @@ class TestArguments:
 
   def test_config_round_trips_the_reference_group(self):
     ops = CompressedAllReduce(_nested(), reference_codec=_reference(),
-                              reference_replicas=0.25, seed=3)
+                              reference_group=0.25, seed=3)
     config = ops.get_config()
     back = CompressedAllReduce.from_config(config)
     assert back.get_config() == config
     assert back.reference_codec == _reference()
-    assert back.reference_replicas == 0.25
+    assert back.reference_group == 0.25
     assert back.adaptive is False
     mmse = CompressedAllReduce(_nested(alpha="mmse"),
                                reference_codec="dqsg:num_levels=3",
-                               reference_replicas=1)
+                               reference_group=1)
     assert mmse.adaptive is True  # alpha="mmse" implies the automatic mode
     assert CompressedAllReduce.from_config(
         mmse.get_config()).get_config() == mmse.get_config()
 
   def test_default_reference_group_is_half_the_replicas(self):
     ops = CompressedAllReduce(_nested(), reference_codec=_reference())
-    assert ops.reference_replicas == 0.5
+    assert ops.reference_group == 0.5
     assert ops.reference_count(4) == 2
     codecs = ops.options.sender_codecs(4)
     assert codecs == [_reference()] * 2 + [_nested()] * 2
@@ -149,12 +149,12 @@ class TestArguments:
                                                 bucket_size=256)},
        ValueError, "bucket_size=256 and codec.bucket_size=512"),
       ({"reference_codec": 3}, TypeError, "reference_codec"),
-      ({"reference_codec": _reference(), "reference_replicas": 0},
-       ValueError, "reference_replicas"),
-      ({"reference_codec": _reference(), "reference_replicas": 1.0},
-       ValueError, "reference_replicas"),
-      ({"reference_codec": _reference(), "reference_replicas": True},
-       ValueError, "reference_replicas"),
+      ({"reference_codec": _reference(), "reference_group": 0},
+       ValueError, "reference_group"),
+      ({"reference_codec": _reference(), "reference_group": 1.0},
+       ValueError, "reference_group"),
+      ({"reference_codec": _reference(), "reference_group": True},
+       ValueError, "reference_group"),
       ({"reference_codec": _reference(), "adaptive": "yes"},
        ValueError, "adaptive"),
   ])
@@ -179,9 +179,9 @@ class TestArguments:
   def test_count_is_checked_against_the_replicas(self):
     with pytest.raises(ValueError, match="at least one nested sender"):
       MirroredStrategy(codec=_nested(), reference_codec=_reference(),
-                       reference_replicas=4, devices=_devices())
+                       reference_group=4, devices=_devices())
     strategy = MirroredStrategy(codec=_nested(), reference_codec=_reference(),
-                                reference_replicas=3, devices=_devices())
+                                reference_group=3, devices=_devices())
     assert strategy.compressed_all_reduce.reference_count(4) == 3
 
   def test_tf_overload_probability_matches_theory(self):
@@ -235,7 +235,7 @@ class TestArguments:
 @pytest.mark.parametrize("noise", [0.05, 0.5])
 def test_batch_reduce_is_identical_everywhere_and_within_the_bound(noise):
   ops = CompressedAllReduce(_nested(), reference_codec=_reference(),
-                            reference_replicas=0.5, min_elements=64, seed=7)
+                            reference_group=0.5, min_elements=64, seed=7)
   strategy = MirroredStrategy(cross_device_ops=ops, devices=_devices())
   per_replica = _correlated(noise)
   results = _reduce(strategy, per_replica)
@@ -349,7 +349,7 @@ def test_batch_reduce_is_identical_everywhere_and_within_the_bound(noise):
 
 def test_automatic_mode_falls_back_first_then_nests_and_restores(tmp_path):
   ops = CompressedAllReduce(_nested(), reference_codec=_reference(),
-                            reference_replicas=2, adaptive=True,
+                            reference_group=2, adaptive=True,
                             min_elements=64, seed=5)
   strategy = MirroredStrategy(cross_device_ops=ops, devices=_devices())
   fallback, mse = [], []
@@ -390,7 +390,7 @@ def test_automatic_mode_falls_back_first_then_nests_and_restores(tmp_path):
   names = [n for n, _ in tf.train.list_variables(path)]
   assert sum(signature in n for n in names) == 2, names  # scale and gain
   fresh = CompressedAllReduce(_nested(), reference_codec=_reference(),
-                              reference_replicas=2, adaptive=True,
+                              reference_group=2, adaptive=True,
                               min_elements=64, seed=5)
   tf.train.Checkpoint(ops=fresh).restore(path).assert_existing_objects_matched()
   assert int(fresh.step.numpy()) == 4
@@ -411,7 +411,7 @@ def test_automatic_mode_falls_back_first_then_nests_and_restores(tmp_path):
 def test_buffers_with_as_many_buckets_keep_separate_noise_states():
   """The noise state is keyed by the fusion plan, not by its bucket count."""
   ops = CompressedAllReduce(_nested(), reference_codec=_reference(),
-                            reference_replicas=2, adaptive=True,
+                            reference_group=2, adaptive=True,
                             min_elements=64, seed=5)
   strategy = MirroredStrategy(cross_device_ops=ops, devices=_devices())
   two_tensors = ((128, 256), (300,))  # 64 + 1 buckets
@@ -540,7 +540,7 @@ def test_digits_nested_half_reference_sends_a_fifth_fewer_bits():
   dqsg = _fit_digits_steps(MirroredStrategy(codec=_reference(),
                                             devices=_devices()))
   nested = _fit_digits_steps(MirroredStrategy(
-      codec=_nested(), reference_codec=_reference(), reference_replicas=2,
+      codec=_nested(), reference_codec=_reference(), reference_group=2,
       devices=_devices()))
   assert nested["exchange_count"] == dqsg["exchange_count"] == 3
   assert nested["nested_elements"] > 0

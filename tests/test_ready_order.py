@@ -68,7 +68,7 @@ def _train_step():
   devices = [d.name for d in tf.config.list_logical_devices("CPU")]
   strategy = ndq_tf.MirroredStrategy(
       devices=devices[:NUM_REPLICAS], codec="dqsg:num_levels=1",
-      transport="all_gather", chunk_elements=512, seed=3)
+      exchange="all_gather", chunk_elements=512, seed=3)
   with strategy.scope():
     model = tf.keras.Sequential(
         [tf.keras.Input((WIDTHS[0],))]

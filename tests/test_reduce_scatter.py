@@ -1,7 +1,7 @@
 """The reduce-scatter exchange (#18) inside one process, and its theory.
 
 Real TensorFlow on 4 logical CPU devices (tests/conftest.py) under
-`ndq_tf.MirroredStrategy(transport="reduce_scatter")`: every replica is a
+`ndq_tf.MirroredStrategy(exchange="reduce_scatter")`: every replica is a
 sender and the receiver of one shard. The multi-worker jobs are in
 test_reduce_scatter_multi_worker.py.
 """
@@ -70,19 +70,19 @@ def _exchange(engine, values, devices):
 ])
 def test_refuses_what_it_cannot_take_naming_it(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    CompressionOptions(transport="reduce_scatter", **kwargs)
+    CompressionOptions(exchange="reduce_scatter", **kwargs)
 
 
 def test_levels_option_round_trips_and_belongs_to_reduce_scatter():
-  options = CompressionOptions("dqsg:num_levels=1", transport="reduce_scatter",
+  options = CompressionOptions("dqsg:num_levels=1", exchange="reduce_scatter",
                                reduce_scatter_levels=3)
   assert CompressionOptions.from_config(options.get_config()) == options
   assert reduce_scatter.stage2_codec(options).num_levels == 3
   # Default: the codec itself (a DitheredCodec keeps its levels).
-  plain = CompressionOptions("dqsg:num_levels=2", transport="reduce_scatter")
+  plain = CompressionOptions("dqsg:num_levels=2", exchange="reduce_scatter")
   assert reduce_scatter.stage2_codec(plain) is plain.codec
   assert "reduce_scatter_levels" not in plain.get_config()
-  with pytest.raises(ValueError, match="only for transport='reduce_scatter'"):
+  with pytest.raises(ValueError, match="only for exchange='reduce_scatter'"):
     CompressionOptions("dqsg", reduce_scatter_levels=2)
 
 
@@ -127,7 +127,7 @@ def test_replicas_end_bitwise_identical_with_the_models_bits():
   """Two tensors, 3 buckets for 4 replicas: one shard is empty."""
   strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=1),
                               devices=_devices(), min_elements=64,
-                              transport="reduce_scatter")
+                              exchange="reduce_scatter")
   rng = np.random.default_rng(3)
   base = [tf.constant(rng.normal(size=(1000,)), tf.float32),
           tf.constant(rng.normal(size=(30, 10)), tf.float32)]
@@ -175,7 +175,7 @@ def test_sum_variance_matches_theory_within_3_percent(stage2_levels):
   """
   n = 2**20
   options = CompressionOptions(ndq_tf.DitheredCodec(num_levels=1), seed=11,
-                               transport="reduce_scatter",
+                               exchange="reduce_scatter",
                                reduce_scatter_levels=stage2_levels)
   engine = engine_lib.ExchangeEngine(options)
   rng = np.random.default_rng(7)
@@ -216,7 +216,7 @@ def test_other_bucketed_codecs_leave_identical_sums(codec):
   Stage 2 is a plain DQSG: a `DitheredCodec` keeps its levels (not its
   rotation), at least two; the others get two. Two steps, two dithers.
   """
-  options = CompressionOptions(codec, transport="reduce_scatter", seed=3)
+  options = CompressionOptions(codec, exchange="reduce_scatter", seed=3)
   engine = engine_lib.ExchangeEngine(options)
   second = reduce_scatter.stage2_codec(options)
   assert type(second) is ndq_tf.DitheredCodec and second.rotation is None
@@ -246,7 +246,7 @@ def _nested_options(transport, adaptive, rotation, d):
       ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3, bucket_size=d,
                                  rotation=rotation),
       reference_codec=ndq_tf.DitheredCodec(num_levels=3, bucket_size=d),
-      reference_group=2, adaptive=adaptive, transport=transport, seed=13,
+      reference_group=2, adaptive=adaptive, exchange=transport, seed=13,
       min_elements=64)
 
 
@@ -371,7 +371,7 @@ def test_adaptive_nested_group_is_refused_across_processes():
   """One sender per worker: shard j's side information is on worker j only."""
   kwargs = dict(codec=ndq_tf.NestedDitheredCodec(coarse_ratio=3),
                 reference_codec=ndq_tf.DitheredCodec(num_levels=1),
-                transport="reduce_scatter")
+                exchange="reduce_scatter")
   match = ("transport='reduce_scatter' cannot run the adaptive nested mode "
            r"\(adaptive=True.*across processes.*transport='all_gather'")
   with pytest.raises(ValueError, match=match):

@@ -23,7 +23,7 @@ N = 4 * 512
 
 def _options(feedback):
   return CompressionOptions(f"dqsg:num_levels={FINE_LEVELS}", seed=3,
-                            transport="reduce_scatter",
+                            exchange="reduce_scatter",
                             reduce_scatter_levels=1,
                             reduce_scatter_error_feedback=feedback)
 
@@ -49,11 +49,11 @@ def _run(feedback):
 
 
 def test_options_refuse_feedback_without_the_reduce_scatter():
-  with pytest.raises(ValueError, match="only for transport='reduce_scatter'.*"
-                     "transport='auto'"):
+  with pytest.raises(ValueError, match="only for exchange='reduce_scatter'.*"
+                     "exchange='auto'"):
     CompressionOptions("dqsg", reduce_scatter_error_feedback=True)
   with pytest.raises(ValueError, match="must be a bool.*feedback=1"):
-    CompressionOptions("dqsg", transport="reduce_scatter",
+    CompressionOptions("dqsg", exchange="reduce_scatter",
                        reduce_scatter_error_feedback=1)
   options = _options(True)
   assert CompressionOptions.from_config(options.get_config()) == options

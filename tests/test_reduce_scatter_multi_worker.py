@@ -1,6 +1,6 @@
 """The reduce-scatter exchange (#18) on real worker processes.
 
-`ndq_tf.MultiWorkerMirroredStrategy(codec, transport="reduce_scatter")` in
+`ndq_tf.MultiWorkerMirroredStrategy(codec, exchange="reduce_scatter")` in
 local jobs of 2 and 3 workers on 127.0.0.1 (one CPU device each),
 started through `ndq_tf/launch.py`. Every worker runs the script of
 test_all_reduce_multi_worker.py (tests/multi_worker_scripts/
@@ -11,7 +11,7 @@ processes at a time):
 
 * `p3`, `p2`: 10 steps; identical SHA-256 weights on every worker, the
   telemetry's transport and the cost model's link bits. `p3` asks for
-  `transport="auto"`, which the time model resolves to the reduce-scatter
+  `exchange="auto"`, which the time model resolves to the reduce-scatter
   on 3 or more worker processes on CPUs (`cost_model.auto`);
 * `nested2`: 2 workers, a nested group in the fixed mode (worker 0 sends
   DQSG, worker 1 NDQSG decoded with worker 0's shard as side

@@ -389,7 +389,7 @@ def test_nested_groups_count_a_rotated_nested_codec_in_its_rotated_domain(
                                      bucket_size=d, rotation="hadamard")
   reference = ndq_tf.DitheredCodec(num_levels=3, bucket_size=d)
   cross = ndq_tf.distribute.CompressedAllReduce(
-      codec, reference_codec=reference, reference_replicas=2,
+      codec, reference_codec=reference, reference_group=2,
       adaptive=adaptive, min_elements=64, seed=STRATEGY_SEED)
   strategy = ndq_tf.MirroredStrategy(cross_device_ops=cross,
                                      devices=_devices())
@@ -488,7 +488,7 @@ def test_mirrored_rotated_dqsg_is_identical_unbiased_with_its_variance(
   codec = ndq_tf.DitheredCodec(num_levels=num_levels, bucket_size=d,
                                rotation="hadamard")
   strategy = ndq_tf.MirroredStrategy(codec=codec, devices=_devices(),
-                                     transport=transport, seed=STRATEGY_SEED)
+                                     exchange=transport, seed=STRATEGY_SEED)
   rng = np.random.default_rng(8)
   grads = (rng.standard_t(3, size=[NUM_REPLICAS, 16 * d])
            * np.exp(rng.uniform(-1, 1, size=[NUM_REPLICAS, 1]))).astype(

@@ -74,7 +74,7 @@ def _mirrored_results(out_dir):
 
     def make_strategy(codec, reference_group=None, **kwargs):
       if reference_group is not None:
-        kwargs["reference_replicas"] = reference_group
+        kwargs["reference_group"] = reference_group
       return ndq_tf.MirroredStrategy(codec=codec, devices=devices, **kwargs)
 
     # Through JSON, as the workers' results are.

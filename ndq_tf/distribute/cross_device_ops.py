@@ -10,17 +10,17 @@ through a fallback `CrossDeviceOps`.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Union
+from typing import Any
 
 from absl import logging
 import keras
 import tensorflow as tf
 
 from ndq_tf import _deprecation
-from ndq_tf import codecs
 from ndq_tf.core import engine as engine_lib
 from ndq_tf.core import tf_internals
 from ndq_tf.core import transports
+from ndq_tf.distribute import arguments as arguments_lib
 from ndq_tf.distribute import gradient_detection
 from ndq_tf.distribute import options as options_lib
 
@@ -31,7 +31,20 @@ __all__ = [
 
 
 #: What `codec` may be: a codec, a spec string or a config dict.
-CodecLike = Union[codecs.Codec, str, Mapping[str, Any]]
+CodecLike = options_lib.CodecLike
+
+#: The `fallback` argument (of `CompressedAllReduce` and
+#: `ndq_tf.MirroredStrategy`).
+FALLBACK = arguments_lib.Argument(
+    "fallback", "tf.distribute.CrossDeviceOps | None", None,
+    "the `tf.distribute.CrossDeviceOps` for everything not compressed; "
+    "default `tf.distribute.ReductionToOneDevice()` (deterministic: one "
+    "sum, then copies; faster than a collective ring on CPUs, "
+    "docs/benchmarks.md). On GPUs, pass e.g. "
+    "`tf.distribute.NcclAllReduce()`.")
+
+# The config keys of release 0.1.0 that are not the fields' names.
+_STORED_AS = {"reference_group": "reference_replicas"}
 
 
 class DeprecatedTelemetry:
@@ -106,7 +119,7 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
 
   Nested codecs (NDQSG, the paper's Algorithm 2): with
   `codec=ndq_tf.NestedDitheredCodec(...)`, pass `reference_codec` and
-  `reference_replicas`. Replicas `0 .. |P1| - 1` (P1) send
+  `reference_group`. Replicas `0 .. |P1| - 1` (P1) send
   `reference_codec`, the others nested codes decoded in replica order with
   side information = the mean of everything decoded before them. In the
   automatic mode (`adaptive=True`) each nested replica encodes with its own
@@ -123,43 +136,6 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
   >>> strategy = ndq_tf.MirroredStrategy(
   ...     cross_device_ops=ndq_tf.CompressedAllReduce(codec, seed=7))
 
-  Args:
-    codec: an `ndq_tf` codec, a spec string (`"dqsg:num_levels=3"`) or a
-      config dict. A nested codec needs `reference_codec`.
-    min_elements: tensors with fewer elements travel losslessly.
-    seed: base seed of the dither, an integer in `[-2**31, 2**31)`.
-    compress_indexed_slices: densify `IndexedSlices` of a static dense shape
-      and compress them like dense tensors.
-    fallback: the `tf.distribute.CrossDeviceOps` for everything not
-      compressed; default `tf.distribute.ReductionToOneDevice()`
-      (deterministic: one sum, then copies; faster than a collective ring
-      on CPUs, docs/benchmarks.md). On GPUs, pass e.g.
-      `tf.distribute.NcclAllReduce()`.
-    name: name of the module.
-    reference_codec: nested `codec` only: the codec of P1.
-    reference_replicas: nested `codec` only: size of P1, an int `>= 1` or a
-      fraction in `(0, 1)`; default 0.5.
-    adaptive: nested `codec` only: the automatic mode. None: True iff
-      `codec.alpha == "mmse"`.
-    transport: `"all_gather"` (every replica decodes every replica's
-      payload), `"all_reduce"` (shared scales, the replicas' integer codes
-      summed once, every replica decodes the sum once; DQSG, half-dithered,
-      TernGrad, QSGD, and float16/float32 values summed as floats),
-      `"reduce_scatter"` (shards summed by their receivers, re-quantized
-      and gathered) or `"auto"` (default: the one a time model of bits and
-      CPU work says is fastest, `ndq_tf.core.cost_model.auto`, logged
-      once); see docs/scaling.md.
-    reduce_scatter_levels: `transport="reduce_scatter"` only: levels of
-      the DQSG that re-quantizes the reduced shards (None: the codec's
-      own for a DitheredCodec, at least 2; `CompressionOptions`).
-    reduce_scatter_error_feedback: `transport="reduce_scatter"` only: each
-      receiver feeds its shard's re-quantization residual into the next
-      step's (`CompressionOptions`).
-    chunk_elements: the fused gradients are encoded, exchanged and decoded
-      in chunks of about this many elements, so that the stages of
-      successive chunks overlap; bit for bit the same result. None: one
-      chunk. Default `ndq_tf.distribute.DEFAULT_CHUNK_ELEMENTS`.
-
   Raises:
     TypeError: if `codec` or `reference_codec` is not a codec (a class,
       `None`, an object without the codec methods) or `fallback` not a
@@ -169,33 +145,14 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
       plain host variables).
   """
 
-  def __init__(
-      self,
-      codec: CodecLike,
-      min_elements: int = options_lib.DEFAULT_MIN_ELEMENTS,
-      seed: int = 0,
-      compress_indexed_slices: bool = False,
-      fallback: tf.distribute.CrossDeviceOps | None = None,
-      name: str = "compressed_all_reduce",
-      reference_codec: CodecLike | None = None,
-      reference_replicas: int | float | None = None,
-      adaptive: bool | None = None,
-      transport: str = "auto",
-      chunk_elements: int | None = options_lib.DEFAULT_CHUNK_ELEMENTS,
-      reduce_scatter_levels: int | None = None,
-      reduce_scatter_error_feedback: bool = False,
-  ) -> None:
+  def __init__(self, *args, **kwargs) -> None:
+    # The signature and the Args section: `_ARGUMENTS`, below the class.
+    values, given = _ARGUMENTS.bind(self, args, kwargs)
+    fallback = values["fallback"]
     tf.distribute.CrossDeviceOps.__init__(self)
-    tf.Module.__init__(self, name=name)
-    self._options = options_lib.CompressionOptions(
-        codec, min_elements=min_elements, seed=seed,
-        compress_indexed_slices=compress_indexed_slices,
-        reference_codec=reference_codec, reference_group=reference_replicas,
-        adaptive=adaptive, transport=transport,
-        chunk_elements=chunk_elements,
-        reduce_scatter_levels=reduce_scatter_levels,
-        reduce_scatter_error_feedback=reduce_scatter_error_feedback,
-        group_argument="reference_replicas")
+    tf.Module.__init__(self, name=values["name"])
+    self._options = options_lib.from_arguments(
+        "ndq_tf.CompressedAllReduce", values, given, values["options"])
     self._default_fallback = fallback is None
     if fallback is None:
       fallback = tf.distribute.ReductionToOneDevice()
@@ -248,8 +205,15 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
     return self._options.reference_codec
 
   @property
-  def reference_replicas(self):
+  def reference_group(self):
     """Size of P1: an int count or a fraction (None without a nested codec)."""
+    return self._options.reference_group
+
+  @property
+  def reference_replicas(self):
+    """Deprecated: `reference_group`."""
+    _deprecation.warn("`CompressedAllReduce.reference_replicas`",
+                      "`reference_group`")
     return self._options.reference_group
 
   @property
@@ -257,10 +221,16 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
     return self._options.adaptive
 
   @property
-  def transport(self):
-    """The `transport` option (`"auto"`, `"all_gather"`, `"all_reduce"`,
+  def exchange(self):
+    """The `exchange` option (`"auto"`, `"all_gather"`, `"all_reduce"`,
     `"reduce_scatter"`)."""
-    return self._options.transport
+    return self._options.exchange
+
+  @property
+  def transport(self):
+    """Deprecated: `exchange`."""
+    _deprecation.warn("`CompressedAllReduce.transport`", "`exchange`")
+    return self._options.exchange
 
   @property
   def chunk_elements(self):
@@ -304,6 +274,10 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
   def get_config(self):
     """Returns the constructor arguments.
 
+    Under the keys of release 0.1.0, which its `from_config` reads:
+    `exchange` as `"transport"`, `reference_group` as
+    `"reference_replicas"`; `from_config` takes either name.
+
     Raises:
       NotImplementedError: if a custom `fallback` was given (a
         `CrossDeviceOps` has no config to serialize).
@@ -314,14 +288,15 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
           f"fallback={self._fallback!r}; pass it again to the constructor "
           f"instead of using from_config.")
     config = self._options.get_config()
-    if "reference_group" in config:
-      config["reference_replicas"] = config.pop("reference_group")
+    for field, key in _STORED_AS.items():
+      if field in config:
+        config[key] = config.pop(field)
     config["name"] = self.name
     return config
 
   @classmethod
   def from_config(cls, config):
-    return cls(**config)
+    return cls(**options_lib.stored_config(config, **_STORED_AS))
 
   def __repr__(self):
     return f"CompressedAllReduce({self._options!r})"
@@ -400,3 +375,15 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
           "ndq_tf.MirroredStrategy(cross_device_ops=...) to compress "
           "Keras 3's gradients.")
     return False
+
+
+_ARGUMENTS = options_lib.arguments(
+    "ndq_tf.CompressedAllReduce", options_lib.CODEC_OR_OPTIONS,
+    "min_elements", "seed", "compress_indexed_slices", FALLBACK,
+    arguments_lib.Argument("name", "str", "compressed_all_reduce",
+                           "name of the module."),
+    "reference_codec", "reference_group", "adaptive", "exchange",
+    "chunk_elements", "reduce_scatter_levels",
+    "reduce_scatter_error_feedback", options_lib.OPTIONS,
+    keyword_only="options", renamed=("transport", "reference_replicas"))
+_ARGUMENTS.apply(CompressedAllReduce)

@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import tensorflow as tf
 
 from ndq_tf.core import tf_internals
+from ndq_tf.distribute import arguments as arguments_lib
+from ndq_tf.distribute import cross_device_ops as cross_device_ops_lib
 from ndq_tf.distribute import gradient_detection
 from ndq_tf.distribute import options as options_lib
 from ndq_tf.distribute import strategy_state
-from ndq_tf.distribute.cross_device_ops import CodecLike
 from ndq_tf.distribute.cross_device_ops import CompressedAllReduce
 
 __all__ = [
     "MirroredStrategy",
 ]
-
-_DEFAULTS = dict(
-    min_elements=options_lib.DEFAULT_MIN_ELEMENTS, seed=0,
-    compress_indexed_slices=False, fallback=None, reference_codec=None,
-    reference_replicas=None, adaptive=None, transport="auto",
-    chunk_elements=options_lib.DEFAULT_CHUNK_ELEMENTS,
-    reduce_scatter_levels=None, reduce_scatter_error_feedback=False)
 
 
 class _MirroredExtended(gradient_detection.LabellingExtendedMixin,
@@ -83,77 +77,50 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
   ...   model.compile(optimizer="adam", loss="mse")
   >>> model.fit(x, y, callbacks=[ndq_tf.CompressionStats()])
 
-  Args:
-    codec: the `ndq_tf` codec of the gradients; or pass
-      `cross_device_ops=CompressedAllReduce(...)` instead.
-    devices: device strings, as for `tf.distribute.MirroredStrategy`
-      (default: all local GPUs, else the CPU).
-    cross_device_ops: a ready `CompressedAllReduce` (then `codec` and the
-      arguments below must be left at their defaults).
-    min_elements, seed, compress_indexed_slices, fallback,
-      reference_codec, reference_replicas, adaptive, transport,
-      chunk_elements, reduce_scatter_levels,
-      reduce_scatter_error_feedback: passed to
-      `CompressedAllReduce` (see there);
-      `reference_codec`, `reference_replicas` and `adaptive` for a nested
-      `codec` only.
-
   Nested codecs (the paper's Algorithm 2):
 
   >>> strategy = ndq_tf.MirroredStrategy(
   ...     codec=ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3),
   ...     reference_codec=ndq_tf.DitheredCodec(num_levels=3),
-  ...     reference_replicas=0.5)
+  ...     reference_group=0.5)
 
   The reference group's size is checked against the replicas here.
 
+  The compression settings are the fields of
+  `ndq_tf.distribute.CompressionOptions` (passed on to
+  `CompressedAllReduce`), one by one or all at once as `options`.
+
   Raises:
-    ValueError: if neither or both of `codec` and `cross_device_ops` are
-      given, a `CompressedAllReduce` argument is invalid, or
-      `reference_replicas` leaves no nested replica.
+    ValueError: if neither or both of `codec` (or `options`) and
+      `cross_device_ops` are given, a `CompressedAllReduce` argument is
+      invalid, or `reference_group` leaves no nested replica.
     TypeError: if `cross_device_ops` is not a `CompressedAllReduce`.
   """
 
-  def __init__(
-      self,
-      codec: CodecLike | None = None,
-      devices: Sequence[str] | None = None,
-      cross_device_ops: CompressedAllReduce | None = None,
-      *,
-      min_elements: int = options_lib.DEFAULT_MIN_ELEMENTS,
-      seed: int = 0,
-      compress_indexed_slices: bool = False,
-      fallback: tf.distribute.CrossDeviceOps | None = None,
-      reference_codec: CodecLike | None = None,
-      reference_replicas: int | float | None = None,
-      adaptive: bool | None = None,
-      transport: str = "auto",
-      chunk_elements: int | None = options_lib.DEFAULT_CHUNK_ELEMENTS,
-      reduce_scatter_levels: int | None = None,
-      reduce_scatter_error_feedback: bool = False,
-  ) -> None:
-    given = dict(min_elements=min_elements, seed=seed,
-                 compress_indexed_slices=compress_indexed_slices,
-                 fallback=fallback, reference_codec=reference_codec,
-                 reference_replicas=reference_replicas, adaptive=adaptive,
-                 transport=transport, chunk_elements=chunk_elements,
-                 reduce_scatter_levels=reduce_scatter_levels,
-                 reduce_scatter_error_feedback=reduce_scatter_error_feedback)
-    kwargs = {k: v for k, v in given.items() if v is not _DEFAULTS[k] and
-              v != _DEFAULTS[k]}
+  def __init__(self, *args, **kwargs) -> None:
+    # The signature and the Args section: `_ARGUMENTS`, below the class.
+    values, given = _ARGUMENTS.bind(self, args, kwargs)
+    cross_device_ops = values.pop("cross_device_ops")
+    devices = values.pop("devices")
     if cross_device_ops is None:
-      if codec is None:
+      if values["codec"] is None and values["options"] is None:
         raise ValueError(
-            "ndq_tf.MirroredStrategy needs `codec` (or a ready "
+            "ndq_tf.MirroredStrategy needs `codec` (or `options`, or a ready "
             "`cross_device_ops=CompressedAllReduce(...)`). Received: "
             "codec=None.")
-      cross_device_ops = CompressedAllReduce(codec, **given)
+      cross_device_ops = CompressedAllReduce(
+          fallback=values["fallback"], options=options_lib.from_arguments(
+              "ndq_tf.MirroredStrategy", values, given, values["options"]))
     else:
-      if codec is not None or kwargs:
+      # Arguments at their defaults may be given too, as always.
+      kwargs = sorted(k for k, v in given.items() if k not in (
+          "codec", "devices", "cross_device_ops") and not (
+              v is _DEFAULTS[k] or v == _DEFAULTS[k]))
+      if values["codec"] is not None or kwargs:
         raise ValueError(
             f"Pass either `codec` (and CompressedAllReduce arguments) or "
-            f"`cross_device_ops`, not both. Received: codec={codec!r}, "
-            f"kwargs={sorted(kwargs)} and cross_device_ops="
+            f"`cross_device_ops`, not both. Received: codec="
+            f"{values['codec']!r}, kwargs={kwargs} and cross_device_ops="
             f"{cross_device_ops!r}.")
       if not isinstance(cross_device_ops, CompressedAllReduce):
         raise TypeError(
@@ -197,3 +164,23 @@ class MirroredStrategy(tf.distribute.MirroredStrategy,
       raise strategy_state.xla_bypass_error(
           "ndq_tf.MirroredStrategy", self.extended.worker_devices, fn)
     return super().run(fn, args=args, kwargs=kwargs, options=options)
+
+
+_ARGUMENTS = options_lib.arguments(
+    "ndq_tf.MirroredStrategy", options_lib.CODEC_OR_OPTIONS,
+    arguments_lib.Argument(
+        "devices", "Sequence[str] | None", None,
+        "device strings, as for `tf.distribute.MirroredStrategy` (default: "
+        "all local GPUs, else the CPU)."),
+    arguments_lib.Argument(
+        "cross_device_ops", "CompressedAllReduce | None", None,
+        "a ready `CompressedAllReduce` (then `codec`, `options` and the "
+        "arguments below must be left at their defaults)."),
+    "min_elements", "seed", "compress_indexed_slices",
+    cross_device_ops_lib.FALLBACK, "reference_codec", "reference_group",
+    "adaptive", "exchange", "chunk_elements", "reduce_scatter_levels",
+    "reduce_scatter_error_feedback", options_lib.OPTIONS,
+    keyword_only="min_elements", renamed=("transport", "reference_replicas"))
+_ARGUMENTS.apply(MirroredStrategy)
+_DEFAULTS = {name: parameter.default for name, parameter
+             in _ARGUMENTS.signature.parameters.items()}

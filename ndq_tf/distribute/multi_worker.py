@@ -36,7 +36,9 @@ from ndq_tf.core import engine as engine_lib
 from ndq_tf.core import fingerprint
 from ndq_tf.core import tf_internals
 from ndq_tf.core import transports
+from ndq_tf import _deprecation
 from ndq_tf.core.exchanges import nested_shards
+from ndq_tf.distribute import arguments as arguments_lib
 from ndq_tf.distribute import cross_device_ops
 from ndq_tf.distribute import gradient_detection
 from ndq_tf.distribute import options as options_lib
@@ -180,8 +182,7 @@ class MultiWorkerCompressedAllReduce(cross_device_ops.DeprecatedTelemetry,
         return tf_internals.all_gather(self._launcher, tf.constant(row),
                                        options).numpy()
     fingerprint.check_agreement(gather, self._engine.options,
-                                self._num_workers, _WHO,
-                                names={"reference_group": "reference_workers"})
+                                self._num_workers, _WHO)
 
   def batch_reduce_implementation(self, reduce_op, value_destination_pairs,
                                   options):
@@ -365,93 +366,33 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
   model.fit(dataset, epochs=2)
   ```
 
-  Args:
-    codec: the gradient codec: an `ndq_tf` codec, a spec string
-      (`"dqsg:num_levels=3"`) or a config dict.
-    cluster_resolver: optional `tf.distribute.cluster_resolver.ClusterResolver`;
-      by default `TFConfigClusterResolver` (reads `TF_CONFIG`, validated
-      first: a malformed entry fails at once, naming it).
-    communication_options: optional
-      `tf.distribute.experimental.CommunicationOptions` for all collectives
-      (e.g. `timeout_seconds`, so that a lost worker fails rather than hangs).
-    min_elements: tensors with fewer elements travel losslessly.
-    seed: base seed of the dither, an int in `[-2**31, 2**31)`.
-    reference_codec: for a nested `codec`, the codec of the reference
-      workers (P1), decoded first. One all-gather moves rows of one length,
-      so shorter payloads are padded: a reference codec of the nested
-      codec's rate wastes nothing (e.g. `DitheredCodec(num_levels=1)` with
-      `NestedDitheredCodec(coarse_ratio=3)`).
-    reference_workers: size of P1, an int >= 1 or a fraction in (0, 1)
-      (default 0.5 with a nested codec); workers `0 .. |P1| - 1`.
-    cluster_timeout: seconds to wait for every worker to join at start-up
-      (`None`: forever, as TF does). Past it, a watcher process says which
-      workers are unreachable and stops this one (`startup_watchdog`).
-    adaptive: nested `codec` only, the automatic mode (None: True iff
-      `codec.alpha == "mmse"`). Each nested worker's noise state is its
-      own, and is saved with the model like the step counter.
-    compress_indexed_slices: as for `ndq_tf.CompressedAllReduce`.
-    transport: how the workers' payloads travel: `"all_gather"` (every
-      worker receives every worker's payload: `(P - 1)` payloads per
-      worker and step), `"all_reduce"` (a MAX all-reduce of the scales,
-      then TF's own integer ring all-reduce sums the workers' codes
-      exactly: `2(P - 1)/P` lane vectors per worker, flat in `P`; for
-      DQSG, half-dithered, TernGrad and QSGD, and `codec="float16"` for
-      TF's float16 ring), `"reduce_scatter"` (shards summed by their
-      receivers, re-quantized and all-gathered: bits and decode work flat
-      in `P`), or `"auto"` (default: the one a time model of bits and CPU
-      work says is fastest, `ndq_tf.core.cost_model.auto`, logged once;
-      every worker picks the same). See docs/scaling.md.
-    reduce_scatter_levels: `transport="reduce_scatter"` only: levels of
-      the DQSG that re-quantizes the reduced shards (None: the codec's
-      own for a DitheredCodec, at least 2; `CompressionOptions`).
-      Nested groups go through `transport="reduce_scatter"` in the fixed
-      mode only: each nested worker counts its statistics over the shard it
-      receives (`exchanges.nested_shards`); `adaptive=True` is refused.
-    reduce_scatter_error_feedback: `transport="reduce_scatter"` only: each
-      worker feeds its shard's re-quantization residual into the next
-      step's (`CompressionOptions`).
-    chunk_elements: the fused gradients are encoded, exchanged and decoded
-      in chunks of about this many elements, so that one chunk travels
-      while the next is encoded and the previous decoded; bit for bit the
-      same result. None: one chunk. Default
-      `ndq_tf.distribute.DEFAULT_CHUNK_ELEMENTS`.
+  The compression settings are the fields of
+  `ndq_tf.distribute.CompressionOptions`, one by one or all at once as
+  `options`. Here the senders are the workers; the reference group P1 is
+  workers `0 .. |P1| - 1`. One all-gather moves rows of one length, so
+  shorter payloads are padded: a `reference_codec` of the nested codec's
+  rate wastes nothing (e.g. `DitheredCodec(num_levels=1)` with
+  `NestedDitheredCodec(coarse_ratio=3)`). Nested groups go through
+  `exchange="reduce_scatter"` in the fixed mode only: each nested worker
+  counts its statistics over the shard it receives
+  (`exchanges.nested_shards`); `adaptive=True` is refused there.
 
   Raises:
     ImportError: if this TensorFlow lacks an internal the strategy needs.
     TypeError: if `codec` or `reference_codec` is not a codec.
     ValueError: for a bad argument value, or a malformed `TF_CONFIG`;
-      for `transport="reduce_scatter"` with an adaptive nested group.
+      for `exchange="reduce_scatter"` with an adaptive nested group.
   """
 
-  def __init__(
-      self,
-      codec: CodecLike,
-      cluster_resolver: (
-          tf.distribute.cluster_resolver.ClusterResolver | None) = None,
-      communication_options: (
-          tf.distribute.experimental.CommunicationOptions | None) = None,
-      min_elements: int = options_lib.DEFAULT_MIN_ELEMENTS,
-      seed: int = 0,
-      reference_codec: CodecLike | None = None,
-      reference_workers: int | float | None = None,
-      cluster_timeout: float | None = None,
-      adaptive: bool | None = None,
-      compress_indexed_slices: bool = False,
-      transport: str = "auto",
-      chunk_elements: int | None = options_lib.DEFAULT_CHUNK_ELEMENTS,
-      reduce_scatter_levels: int | None = None,
-      reduce_scatter_error_feedback: bool = False,
-  ) -> None:
+  def __init__(self, *args, **kwargs) -> None:
+    # The signature and the Args section: `_ARGUMENTS`, below the class.
+    values, given = _ARGUMENTS.bind(self, args, kwargs)
+    cluster_resolver = values["cluster_resolver"]
+    communication_options = values["communication_options"]
+    cluster_timeout = values["cluster_timeout"]
     tf_internals.multi_worker()  # Raises if this TF lacks its internals.
-    compression = options_lib.CompressionOptions(
-        codec, min_elements=min_elements, seed=seed,
-        compress_indexed_slices=compress_indexed_slices,
-        reference_codec=reference_codec, reference_group=reference_workers,
-        adaptive=adaptive, transport=transport,
-        chunk_elements=chunk_elements,
-        reduce_scatter_levels=reduce_scatter_levels,
-        reduce_scatter_error_feedback=reduce_scatter_error_feedback,
-        group_argument="reference_workers")
+    compression = options_lib.from_arguments(_WHO, values, given,
+                                             values["options"])
     # Before any cluster: one sender per worker, each receiving one shard.
     nested_shards.check_across_processes(compression)
     if cluster_timeout is not None and (
@@ -487,10 +428,16 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
     return self._compression.codec
 
   @property
-  def transport(self):
-    """The `transport` option (`"auto"`, `"all_gather"`, `"all_reduce"`,
+  def exchange(self):
+    """The `exchange` option (`"auto"`, `"all_gather"`, `"all_reduce"`,
     `"reduce_scatter"`)."""
-    return self._compression.transport
+    return self._compression.exchange
+
+  @property
+  def transport(self):
+    """Deprecated: `exchange`."""
+    _deprecation.warn(f"`{_WHO}.transport`", "`exchange`")
+    return self._compression.exchange
 
   @property
   def chunk_elements(self):
@@ -523,9 +470,40 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
     return super().reduce(reduce_op, value, axis)
 
   def get_config(self) -> dict[str, Any]:
-    """The constructor arguments that describe the compression."""
+    """The constructor arguments that describe the compression.
+
+    Under the keys of release 0.1.0: `exchange` as `"transport"`,
+    `reference_group` as `"reference_workers"`.
+    """
     config = self._compression.get_config()
     if "reference_group" in config:
       config["reference_workers"] = config.pop("reference_group")
     config["cluster_timeout"] = self._cluster_timeout
     return config
+
+
+_ARGUMENTS = options_lib.arguments(
+    _WHO, options_lib.CODEC_OR_OPTIONS,
+    arguments_lib.Argument(
+        "cluster_resolver",
+        "tf.distribute.cluster_resolver.ClusterResolver | None", None,
+        "optional `tf.distribute.cluster_resolver.ClusterResolver`; by "
+        "default `TFConfigClusterResolver` (reads `TF_CONFIG`, validated "
+        "first: a malformed entry fails at once, naming it)."),
+    arguments_lib.Argument(
+        "communication_options",
+        "tf.distribute.experimental.CommunicationOptions | None", None,
+        "optional `tf.distribute.experimental.CommunicationOptions` for all "
+        "collectives (e.g. `timeout_seconds`, so that a lost worker fails "
+        "rather than hangs)."),
+    "min_elements", "seed", "reference_codec", "reference_group",
+    arguments_lib.Argument(
+        "cluster_timeout", "float | None", None,
+        "seconds to wait for every worker to join at start-up (`None`: "
+        "forever, as TF does). Past it, a watcher process says which "
+        "workers are unreachable and stops this one (`startup_watchdog`)."),
+    "adaptive", "compress_indexed_slices", "exchange", "chunk_elements",
+    "reduce_scatter_levels", "reduce_scatter_error_feedback",
+    options_lib.OPTIONS, keyword_only="options",
+    renamed=("transport", "reference_workers"))
+_ARGUMENTS.apply(MultiWorkerMirroredStrategy)

@@ -4,30 +4,48 @@ The analogue of `tf.distribute.experimental.CommunicationOptions` for the
 compressed exchange: one validated, serializable object used by
 `ndq_tf.CompressedAllReduce`, `ndq_tf.MirroredStrategy` and
 `ndq_tf.MultiWorkerMirroredStrategy`, so that the strategies accept the same
-codec forms and apply the same rules. The strategies keep their own
-constructor arguments and build one of these from them.
+codec forms and apply the same rules.
+
+Its fields are declared once, here: their types and defaults in `FIELDS`,
+their help in the docstring of `CompressionOptions`. The strategies and
+`CompressedAllReduce` take them among their own arguments (`arguments`,
+which builds their signatures and help from these), or all at once as
+`options=CompressionOptions(...)`.
 """
 
 import inspect
+from typing import Any, Mapping, Union
 
 import keras
 
+from ndq_tf import _deprecation
 from ndq_tf import codecs as ndq_codecs
 from ndq_tf.core import cost_model
 from ndq_tf.core import exchanges
+from ndq_tf.distribute import arguments as arguments_lib
 
 __all__ = [
     "DEFAULT_CHUNK_ELEMENTS",
     "DEFAULT_MIN_ELEMENTS",
     "DEFAULT_REFERENCE_GROUP",
-    "TRANSPORTS",
+    "EXCHANGES",
+    "FIELDS",
+    "CodecLike",
     "CompressionOptions",
+    "arguments",
     "coerce_codec",
 ]
 
-#: The values of `transport`: how payloads travel (`CompressionOptions`):
-#: `"auto"` or one of the exchanges (`ndq_tf.core.exchanges.NAMES`).
-TRANSPORTS = ("auto",) + exchanges.NAMES
+#: What `codec` may be: a codec, a spec string or a config dict.
+CodecLike = Union[ndq_codecs.Codec, str, Mapping[str, Any]]
+
+#: The values of `exchange` (`CompressionOptions`): `"auto"` or one of the
+#: exchanges (`ndq_tf.core.exchanges.NAMES`).
+EXCHANGES = ("auto",) + exchanges.NAMES
+
+# The former name of `EXCHANGES` (deprecated, one release).
+__getattr__ = _deprecation.moved_attributes(
+    __name__, {"TRANSPORTS": f"{__name__}.EXCHANGES"})
 
 #: Default `min_elements`: smaller tensors travel losslessly. Every tensor
 #: starts on a bucket boundary, so a tensor of `n < bucket_size` elements
@@ -47,6 +65,33 @@ DEFAULT_CHUNK_ELEMENTS = 2**20
 #: Default size of the reference group P1 of a nested codec: half the
 #: senders.
 DEFAULT_REFERENCE_GROUP = 0.5
+
+#: The fields of `CompressionOptions`, in its positional order: name ->
+#: (type, default). Their help is in its docstring's Args section.
+FIELDS = {
+    "codec": ("CodecLike", arguments_lib.REQUIRED),
+    "min_elements": ("int", DEFAULT_MIN_ELEMENTS),
+    "seed": ("int", 0),
+    "compress_indexed_slices": ("bool", False),
+    "reference_codec": ("CodecLike | None", None),
+    "reference_group": ("int | float | None", None),
+    "adaptive": ("bool | None", None),
+    "exchange": ("str", "auto"),
+    "chunk_elements": ("int | None", DEFAULT_CHUNK_ELEMENTS),
+    "reduce_scatter_levels": ("int | None", None),
+    "reduce_scatter_error_feedback": ("bool", False),
+}
+
+#: Deprecated names of fields (one release): old name -> field.
+RENAMED = {
+    "transport": "exchange",
+    "reference_replicas": "reference_group",
+    "reference_workers": "reference_group",
+}
+
+# What `get_config` stores under other names than the fields' (the keys of
+# release 0.1.0, which its `from_config` needs): field -> key.
+_STORED_AS = {"exchange": "transport"}
 
 _CODEC_METHODS = ("encode", "decode", "to_wire", "from_wire", "wire_bits")
 
@@ -112,6 +157,11 @@ class CompressionOptions:
   >>> CompressionOptions.from_config(options.get_config()) == options
   True
 
+  The strategies and `ndq_tf.CompressedAllReduce` take these fields as
+  their own arguments, or all at once as `options=`. The senders are the
+  replicas of `ndq_tf.MirroredStrategy` and the workers of
+  `ndq_tf.MultiWorkerMirroredStrategy`.
+
   Args:
     codec: the gradient codec: an `ndq_tf` codec, a spec string
       (`"dqsg:num_levels=3"`) or a config dict.
@@ -121,44 +171,47 @@ class CompressionOptions:
       of a static dense shape and compress them; off by default (a sparse
       update is usually smaller than a dense compressed one).
     reference_codec: nested `codec` only (required then): the codec of the
-      reference group P1, decoded first; without side information, with
-      `codec`'s `bucket_size`.
-    reference_group: nested `codec` only: size of P1 among the senders, an
-      int count `>= 1` or a fraction in `(0, 1)`; default 0.5.
+      reference group P1, the senders decoded first; without side
+      information, with `codec`'s `bucket_size`.
+    reference_group: nested `codec` only: size of the reference group P1
+      (senders `0 .. |P1| - 1`), an int count `>= 1` or a fraction of the
+      senders in `(0, 1)`; default 0.5.
     adaptive: nested `codec` only: every nested sender encodes with its own
-      measured noise (see `ndq_tf.core.nested_state`). None: True
-      iff `codec.alpha == "mmse"` (which needs it).
-    transport: how the payloads travel: `"all_gather"` (every receiver
-      gets every sender's payload and decodes each), `"all_reduce"` (the
-      senders agree on shared scales and their codes are summed as
-      integers, or float16/float32 values by a float ring; only for the
-      codecs whose payloads add up, `Codec.summed_form`), or
-      `"reduce_scatter"` (bucketed codecs, nested groups too: each
-      sender's shard `j` goes to receiver `j`, which sums the shards and
+      measured noise, saved with the model like the step counter (see
+      `ndq_tf.core.nested_state`). None: True iff `codec.alpha == "mmse"`
+      (which needs it).
+    exchange: how the payloads are exchanged: `"all_gather"` (every
+      receiver gets every sender's payload and decodes each),
+      `"all_reduce"` (the senders agree on shared scales and their codes
+      are summed as integers, or float16/float32 values by a float ring;
+      only for the codecs whose payloads add up, `Codec.summed_form`),
+      `"reduce_scatter"` (bucketed codecs, nested groups too: each sender's
+      shard `j` goes to receiver `j`, which sums the shards and
       re-quantizes the sum with DQSG for an all-gather; bits and decode
       work flat in the number of senders,
-      `ndq_tf.core.exchanges.reduce_scatter`; across processes not
-      in the adaptive nested mode), or `"auto"`
-      (default): per exchange, the one a time model of bits and decode
-      work says is fastest (`resolve_transport`,
-      `ndq_tf.core.cost_model.auto`).
+      `ndq_tf.core.exchanges.reduce_scatter`; across processes not in the
+      adaptive nested mode), or `"auto"` (default): per exchange, the one a
+      time model of bits and decode work says is fastest
+      (`resolve_transport`, `ndq_tf.core.cost_model.auto`, logged once).
+      See docs/scaling.md.
     chunk_elements: a fused buffer of more elements than this is encoded,
       sent, decoded and summed in chunks of about this many (whole
       buckets), so that the chunks' stages overlap; the result is bit for
       bit the one without chunks (`FusionPlan.chunks`). None: one chunk.
       Default `DEFAULT_CHUNK_ELEMENTS`.
-    reduce_scatter_levels: `transport="reduce_scatter"` only: the
+    reduce_scatter_levels: `exchange="reduce_scatter"` only: the
       `num_levels` of the DQSG that re-quantizes the reduced shards; None:
       `codec.num_levels` for a `DitheredCodec`, at least 2 (the sum of the
       shards has a wider range than one gradient; docs/algorithms.md).
-    reduce_scatter_error_feedback: `transport="reduce_scatter"` only:
-      each receiver adds its last re-quantization's residual to its
-      reduced shard before re-quantizing it, so stage 2's errors do not
-      accumulate over steps (`ndq_tf.core.exchanges.feedback`;
-      default False).
-    group_argument: the name the caller gave `reference_group` (e.g.
-      `"reference_replicas"`, `"reference_workers"`), for error messages;
-      not part of the config.
+    reduce_scatter_error_feedback: `exchange="reduce_scatter"` only: each
+      receiver adds its last re-quantization's residual to its reduced
+      shard before re-quantizing it, so stage 2's errors do not accumulate
+      over steps (`ndq_tf.core.exchanges.feedback`; default False).
+    group_argument: the name `reference_group` has in error messages; not
+      part of the config.
+
+  `transport` is the deprecated name of `exchange` (warns once; passing
+  both is an error).
 
   Raises:
     TypeError: if `codec` or `reference_codec` is not a codec (a class,
@@ -166,66 +219,72 @@ class CompressionOptions:
     ValueError: for bad values, with the argument's name and value.
   """
 
-  def __init__(self, codec, min_elements=DEFAULT_MIN_ELEMENTS, seed=0,
-               compress_indexed_slices=False, reference_codec=None,
-               reference_group=None, adaptive=None, transport="auto",
-               chunk_elements=DEFAULT_CHUNK_ELEMENTS,
-               reduce_scatter_levels=None,
-               reduce_scatter_error_feedback=False,
-               group_argument="reference_group"):
-    codec = coerce_codec(codec, "codec")
-    self._min_elements = _check_int(min_elements, "min_elements", low=1)
-    self._seed = _check_int(seed, "seed", low=-2**31, high=2**31)
-    if not isinstance(compress_indexed_slices, bool):
+  def __init__(self, *args, **kwargs):
+    # The signature (`_ARGUMENTS`) is built from `FIELDS` below the class.
+    values, _ = _ARGUMENTS.bind(self, args, kwargs)
+    codec = coerce_codec(values["codec"], "codec")
+    self._min_elements = _check_int(values["min_elements"], "min_elements",
+                                    low=1)
+    self._seed = _check_int(values["seed"], "seed", low=-2**31, high=2**31)
+    indexed_slices = values["compress_indexed_slices"]
+    if not isinstance(indexed_slices, bool):
       raise ValueError(
           f"`compress_indexed_slices` must be a bool. Received: "
-          f"compress_indexed_slices={compress_indexed_slices!r}.")
-    self._compress_indexed_slices = compress_indexed_slices
-    self._group_argument = group_argument
+          f"compress_indexed_slices={indexed_slices!r}.")
+    self._compress_indexed_slices = indexed_slices
+    self._group_argument = values["group_argument"]
     self._codec = codec
     (self._reference_codec, self._reference_group,
-     self._adaptive) = self._check_reference(codec, reference_codec,
-                                             reference_group, adaptive)
-    self._transport = self._check_transport(transport)
-    if reduce_scatter_levels is not None:
-      _check_int(reduce_scatter_levels, "reduce_scatter_levels", low=1,
-                 high=2**15)
-      if transport != "reduce_scatter":
+     self._adaptive) = self._check_reference(
+         codec, values["reference_codec"], values["reference_group"],
+         values["adaptive"])
+    exchange = self._exchange = self._check_exchange(values["exchange"])
+    levels = values["reduce_scatter_levels"]
+    if levels is not None:
+      _check_int(levels, "reduce_scatter_levels", low=1, high=2**15)
+      if exchange != "reduce_scatter":
         raise ValueError(
-            f"`reduce_scatter_levels` is only for transport="
+            f"`reduce_scatter_levels` is only for exchange="
             f"'reduce_scatter'. Received: reduce_scatter_levels="
-            f"{reduce_scatter_levels!r}, transport={transport!r}.")
-    self._reduce_scatter_levels = reduce_scatter_levels
-    if not isinstance(reduce_scatter_error_feedback, bool):
+            f"{levels!r}, exchange={exchange!r}.")
+    self._reduce_scatter_levels = levels
+    feedback = values["reduce_scatter_error_feedback"]
+    if not isinstance(feedback, bool):
       raise ValueError(
           f"`reduce_scatter_error_feedback` must be a bool. Received: "
-          f"reduce_scatter_error_feedback={reduce_scatter_error_feedback!r}.")
-    if reduce_scatter_error_feedback and transport != "reduce_scatter":
+          f"reduce_scatter_error_feedback={feedback!r}.")
+    if feedback and exchange != "reduce_scatter":
       raise ValueError(
-          f"`reduce_scatter_error_feedback` is only for transport="
+          f"`reduce_scatter_error_feedback` is only for exchange="
           f"'reduce_scatter'. Received: reduce_scatter_error_feedback=True, "
-          f"transport={transport!r}.")
-    self._reduce_scatter_error_feedback = reduce_scatter_error_feedback
+          f"exchange={exchange!r}.")
+    self._reduce_scatter_error_feedback = feedback
+    chunk_elements = values["chunk_elements"]
     self._chunk_elements = (None if chunk_elements is None else _check_int(
         chunk_elements, "chunk_elements", low=1))
 
-  def _check_transport(self, transport):
-    if transport not in TRANSPORTS:
+  def _check_exchange(self, exchange):
+    if exchange not in EXCHANGES:
       raise ValueError(
-          f"`transport` must be one of {', '.join(map(repr, TRANSPORTS))}. "
-          f"Received: transport={transport!r}.")
-    why = (None if transport == "auto" else
-           exchanges.get(transport).refusal(self._codec, self.nested))
+          f"`exchange` must be one of {', '.join(map(repr, EXCHANGES))}. "
+          f"Received: exchange={exchange!r}.")
+    why = (None if exchange == "auto" else
+           exchanges.get(exchange).refusal(self._codec, self.nested))
     if why:
       raise ValueError(
-          f"transport={transport!r} cannot sum the payloads of "
+          f"exchange={exchange!r} cannot sum the payloads of "
           f"codec={self._codec!r}: {why}.")
-    return transport
+    return exchange
+
+  @property
+  def exchange(self):
+    """`"auto"`, `"all_gather"`, `"all_reduce"` or `"reduce_scatter"`."""
+    return self._exchange
 
   @property
   def transport(self):
-    """`"auto"`, `"all_gather"`, `"all_reduce"` or `"reduce_scatter"`."""
-    return self._transport
+    """`exchange`, under the name the exchange core and telemetry read."""
+    return self._exchange
 
   @property
   def reduce_scatter_levels(self):
@@ -254,8 +313,8 @@ class CompressionOptions:
     Returns:
       `"all_gather"`, `"all_reduce"` or `"reduce_scatter"`.
     """
-    if self._transport != "auto":
-      return self._transport
+    if self._exchange != "auto":
+      return self._exchange
     return cost_model.auto(self.sender_codecs(num_senders), num_elements,
                           num_senders, **model)
 
@@ -384,13 +443,17 @@ class CompressionOptions:
             + [self._codec] * (num_senders - count))
 
   def get_config(self):
-    """The constructor arguments, codecs as Keras configs (JSON-able)."""
+    """The constructor arguments, codecs as Keras configs (JSON-able).
+
+    `exchange` is stored as `"transport"`, the key release 0.1.0 reads;
+    `from_config` takes either.
+    """
     config = {
         "codec": keras.saving.serialize_keras_object(self._codec),
         "min_elements": self._min_elements,
         "seed": self._seed,
         "compress_indexed_slices": self._compress_indexed_slices,
-        "transport": self._transport,
+        "transport": self._exchange,
         "chunk_elements": self._chunk_elements,
     }
     if self._reduce_scatter_levels is not None:
@@ -406,7 +469,7 @@ class CompressionOptions:
 
   @classmethod
   def from_config(cls, config, group_argument="reference_group"):
-    return cls(**config, group_argument=group_argument)
+    return cls(**stored_config(config), group_argument=group_argument)
 
   def __eq__(self, other):
     if not isinstance(other, CompressionOptions):
@@ -424,9 +487,105 @@ class CompressionOptions:
                 f"adaptive={self._adaptive}")
     return (f"CompressionOptions(codec={self._codec!r}, min_elements="
             f"{self._min_elements}, seed={self._seed}, compress_indexed_slices="
-            f"{self._compress_indexed_slices}{nested}, transport="
-            f"{self._transport!r}, chunk_elements={self._chunk_elements}"
+            f"{self._compress_indexed_slices}{nested}, exchange="
+            f"{self._exchange!r}, chunk_elements={self._chunk_elements}"
             + (f", reduce_scatter_levels={self._reduce_scatter_levels}"
                if self._reduce_scatter_levels is not None else "")
             + (", reduce_scatter_error_feedback=True"
                if self._reduce_scatter_error_feedback else "") + ")")
+
+
+_ARGUMENTS = None  # Set by `arguments` below, once the docstring exists.
+
+
+def stored_config(config, **stored_as):
+  """A `get_config` dict with its stored keys renamed to the fields'.
+
+  Args:
+    config: the dict (not modified).
+    **stored_as: more `field=key` pairs than `exchange="transport"`, e.g.
+      `reference_group="reference_replicas"`.
+
+  Raises:
+    ValueError: if a field is there under both names.
+  """
+  config = dict(config)
+  for field, key in dict(_STORED_AS, **stored_as).items():
+    if key in config:
+      if field in config:
+        raise ValueError(
+            f"A config holds `{field}` under both its names. Received: "
+            f"{field}={config[field]!r} and {key}={config[key]!r}.")
+      config[field] = config.pop(key)
+  return config
+
+
+def arguments(who, *entries, keyword_only=None, renamed=()):
+  """The `arguments_lib.Arguments` of a constructor taking these fields.
+
+  Args:
+    who: the constructor's public name, for messages.
+    *entries: in positional order, the name of a field (its type, default
+      and help are the ones declared here) or an `arguments_lib.Argument`
+      (the constructor's own, or a field declared otherwise).
+    keyword_only: the name of the first keyword-only argument.
+    renamed: the deprecated names of fields accepted (`RENAMED`).
+  """
+  docs = arguments_lib.args_section(CompressionOptions.__doc__)
+  entries = [arguments_lib.Argument(e, *FIELDS[e], docs[e])
+             if isinstance(e, str) else e for e in entries]
+  return arguments_lib.Arguments(who, entries, keyword_only=keyword_only,
+                                 renamed={old: RENAMED[old] for old in renamed})
+
+
+_ARGUMENTS = arguments(
+    "ndq_tf.distribute.CompressionOptions", *FIELDS,
+    arguments_lib.Argument("group_argument", "str", "reference_group",
+                           "the name of `reference_group` in errors."),
+    renamed=("transport",))
+_ARGUMENTS.apply(CompressionOptions, document=False)
+
+#: The `codec` of the constructors that also take `options`.
+CODEC_OR_OPTIONS = arguments_lib.Argument(
+    "codec", "CodecLike | None", None,
+    "the gradient codec: an `ndq_tf` codec, a spec string "
+    "(`\"dqsg:num_levels=3\"`) or a config dict; leave it None when "
+    "passing `options`.")
+
+#: Their `options`.
+OPTIONS = arguments_lib.Argument(
+    "options", "CompressionOptions | None", None,
+    "all the fields of `ndq_tf.distribute.CompressionOptions` at once "
+    "(`codec` and the arguments above that are its fields), instead of "
+    "passing them one by one; passing both is an error.")
+
+
+def from_arguments(who, values, given, options=None):
+  """The `CompressionOptions` of a constructor's bound arguments.
+
+  Args:
+    who: the constructor's public name, for messages.
+    values: every argument's value (`Arguments.bind`); the fields among
+      them make the options unless `options` is given.
+    given: the arguments the caller passed.
+    options: the `options` argument: a `CompressionOptions`, or None.
+
+  Raises:
+    TypeError: if `options` is not a `CompressionOptions`.
+    ValueError: if `options` and fields are both given, naming both.
+  """
+  if options is None:
+    return CompressionOptions(**{k: v for k, v in values.items()
+                                 if k in FIELDS})
+  if not isinstance(options, CompressionOptions):
+    raise TypeError(
+        f"`options` of {who} must be an ndq_tf.distribute.CompressionOptions."
+        f" Received: options={options!r} of type {type(options).__name__}.")
+  fields = {k: v for k, v in given.items() if k in FIELDS}
+  if fields:
+    raise ValueError(
+        f"Pass the compression settings of {who} either as `options` or as "
+        f"arguments ({', '.join(f'`{k}`' for k in fields)}), not both. "
+        f"Received: options={options!r} and "
+        + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ".")
+  return options

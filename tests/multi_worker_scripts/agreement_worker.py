@@ -30,14 +30,14 @@ def _cases(ndq_tf):
     return {"codec": ndq_tf.NestedDitheredCodec(num_levels=3,
                                                 coarse_ratio=3),
             "reference_codec": ndq_tf.DitheredCodec(num_levels=1),
-            "reference_workers": group}
+            "reference_group": group}
   return {
       "seed": (dict(dqsg, seed=7), dict(dqsg, seed=1)),
       "codec": (dqsg, {"codec": ndq_tf.QSGDCodec(num_levels=3)}),
       "num_levels": (dqsg, {"codec": ndq_tf.DitheredCodec(num_levels=1)}),
       "chunk_elements": (dqsg, dict(dqsg, chunk_elements=1024)),
       "min_elements": (dqsg, dict(dqsg, min_elements=500)),
-      "reference_workers": (nested(1), nested(0.5)),
+      "reference_group": (nested(1), nested(0.5)),
   }
 
 
@@ -83,7 +83,7 @@ def main():
   # The same options, tensors of another shape: 64 x 32 against 32 x 64.
   strategy = ndq_tf.MultiWorkerMirroredStrategy(
       codec=ndq_tf.DitheredCodec(num_levels=3), min_elements=MIN_ELEMENTS,
-      transport=args.transport, cluster_timeout=60)
+      exchange=args.transport, cluster_timeout=60)
   shape = [64, 32] if worker == 0 else [32, 64]
 
   @tf.function

@@ -1,7 +1,7 @@
 """One worker of tests/test_all_reduce_multi_worker.py (started by `ndq_tf.launch`).
 
 Issue #11 on real worker processes: `model.fit` for `--steps` steps under
-`ndq_tf.MultiWorkerMirroredStrategy(codec, transport=...)` on a small
+`ndq_tf.MultiWorkerMirroredStrategy(codec, exchange=...)` on a small
 model, then one line `ALL_REDUCE {"worker": i, "results": {...}}` with a
 SHA-256 of every weight (bitwise identity across workers is compared by
 the test), the shapes of the trainable weights (the test computes the cost
@@ -72,7 +72,7 @@ def _train(args, worker):
   if args.error_feedback:
     extra["reduce_scatter_error_feedback"] = True
   strategy = ndq_tf.MultiWorkerMirroredStrategy(
-      codec=args.codec, transport=args.transport, seed=5, **extra,
+      codec=args.codec, exchange=args.transport, seed=5, **extra,
       communication_options=tf.distribute.experimental.CommunicationOptions(
           timeout_seconds=120))
   num_workers = strategy.num_replicas_in_sync

@@ -292,10 +292,10 @@ def main():
   import ndq_tf  # pylint: disable=g-import-not-at-top
   codec = ndq_tf.DitheredCodec(num_levels=1)
   if args.strategy == "mirrored":
-    strategy = ndq_tf.MirroredStrategy(codec=codec, transport=args.transport)
+    strategy = ndq_tf.MirroredStrategy(codec=codec, exchange=args.transport)
   else:
     strategy = ndq_tf.MultiWorkerMirroredStrategy(
-        codec=codec, transport=args.transport, cluster_timeout=120,
+        codec=codec, exchange=args.transport, cluster_timeout=120,
         communication_options=tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=120))
   results = {}

@@ -77,7 +77,7 @@ def main():
     codecs = [ndq_tf.DitheredCodec(num_levels=1),
               ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)]
     strategy = multi_worker.MultiWorkerMirroredStrategy(
-        codec=codecs[1], reference_codec=codecs[0], reference_workers=1,
+        codec=codecs[1], reference_codec=codecs[0], reference_group=1,
         adaptive=args.adaptive, min_elements=MIN_ELEMENTS, seed=7,
         cluster_timeout=60)
   else:

@@ -1,8 +1,7 @@
 """The checks of tests/test_strategy_parity.py, for either compressed strategy.
 
 `run_checks(make_strategy, out_dir)` runs every parity check with strategies
-built by `make_strategy(codec, **kwargs)` (`reference_group` stands for
-`reference_replicas` / `reference_workers`) and returns a JSON-able dict.
+built by `make_strategy(codec, **kwargs)` and returns a JSON-able dict.
 tests/test_strategy_parity.py calls it in its own process with
 `ndq_tf.MirroredStrategy` on two logical CPUs; run as a script (on every
 worker of a 2-worker job started by `ndq_tf/launch.py`), it calls it with
@@ -354,7 +353,7 @@ def main():
 
   def make_strategy(codec, reference_group=None, **kwargs):
     if reference_group is not None:
-      kwargs["reference_workers"] = reference_group
+      kwargs["reference_group"] = reference_group
     return ndq_tf.MultiWorkerMirroredStrategy(codec=codec, cluster_timeout=60,
                                               **kwargs)
 

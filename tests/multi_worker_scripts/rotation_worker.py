@@ -53,10 +53,10 @@ def _run(args):
   import ndq_tf  # pylint: disable=g-import-not-at-top
 
   nested = ({"codec": NESTED_CODEC, "reference_codec": REFERENCE_CODEC,
-             "reference_workers": 1, "adaptive": True}
+             "reference_group": 1, "adaptive": True}
             if args.nested else {"codec": CODEC})
   strategy = ndq_tf.MultiWorkerMirroredStrategy(
-      transport=args.transport, seed=SEED,
+      exchange=args.transport, seed=SEED,
       communication_options=tf.distribute.experimental.CommunicationOptions(
           timeout_seconds=120), **nested)
   worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]

@@ -40,12 +40,12 @@ def main():
     strategy = ndq_tf.MultiWorkerMirroredStrategy(
         codec=ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3),
         reference_codec=ndq_tf.DitheredCodec(num_levels=1),
-        reference_workers=1, min_elements=MIN_ELEMENTS, seed=7,
-        transport=args.transport, cluster_timeout=60)
+        reference_group=1, min_elements=MIN_ELEMENTS, seed=7,
+        exchange=args.transport, cluster_timeout=60)
   else:
     strategy = ndq_tf.MultiWorkerMirroredStrategy(
         codec=ndq_tf.DitheredCodec(num_levels=3), min_elements=MIN_ELEMENTS,
-        seed=7, transport=args.transport, cluster_timeout=60)
+        seed=7, exchange=args.transport, cluster_timeout=60)
   worker = strategy.cluster_resolver.task_id
   rng = np.random.RandomState(1234)
   x = rng.randn(512, INPUTS).astype("float32")
