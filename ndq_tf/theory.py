@@ -447,7 +447,7 @@ def reduce_scatter_total_mse(stage1_scales, stage2_scales, bucket_size,
   bucket of the decoded sum, whose scale `κ̃_b` is the max of that sum (a
   subtractive dither's error is uniform on `κ̃_b·[-Δ2/2, Δ2/2]` and
   independent of what it quantizes, so the two add). Both stages are
-  unbiased. Against the exact integer sum (`transport="all_reduce"`,
+  unbiased. Against the exact integer sum (`exchange="all_reduce"`,
   stage-1 errors only) the price is the second term: `κ̃_b` grows like
   `P·κ` for correlated gradients, so it dominates for large `P`, unless
   stage 2 has about `√P` times the levels.

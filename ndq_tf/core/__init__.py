@@ -8,7 +8,7 @@ Below `ndq_tf.distribute` (the `tf.distribute` adapters), above
   call, encoded, decoded and summed in a fixed order;
 * `exchanges`: the algorithms (all-gather, integer all-reduce,
   reduce-scatter), listed once; `cost_model`: their bits, work and
-  `transport="auto"`'s choice;
+  `exchange="auto"`'s choice;
 * `transports`: what moves the bytes, knowing no codec;
 * `nested_state`, `fingerprint`, `ready_order`, `telemetry`: the noise
   state of nested senders, what every receiver must agree on, the order

@@ -14,7 +14,7 @@ What one exchange of `n` values among `P` workers costs each worker:
   measures, the bits alone. Devices that share one memory move no bits:
   there the work alone.
 
-`transport="auto"` picks, per exchange, the one this time model says is
+`exchange="auto"` picks, per exchange, the one this time model says is
 fastest (`auto`). These are the model's numbers, not measurements
 (docs/scaling.md tabulates them). The closed-form parts that know no
 exchange (`ring_all_reduce_bits`, `ring_all_gather_bits`, `summed_form`)
@@ -215,7 +215,7 @@ def costs(codec, num_elements, num_workers, **model):
 
 
 def auto(codec, num_elements, num_workers, **model):
-  """The exchange `transport="auto"` picks: the fastest by the time model.
+  """The exchange `exchange="auto"` picks: the fastest by the time model.
 
   Per worker, the bits on a link of `link_gbps` (default 10) plus, on CPU
   devices, the dither draws, decodes and lane codes priced by constants

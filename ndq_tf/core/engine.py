@@ -80,7 +80,7 @@ def _warn_once(key, message, *args):
   """Logs `message` the first time `key` comes up in this process.
 
   At WARNING level, so that it shows with absl's and TF's default
-  verbosity (the choice of `transport="auto"` included: users comparing
+  verbosity (the choice of `exchange="auto"` included: users comparing
   step times need to see it).
   """
   if key not in _WARNED:
@@ -291,7 +291,7 @@ class ExchangeEngine(tf.Module):
                                  transports["all_gather"].shared_memory)
     kind = options.resolve_transport(num_senders, plan.total_size, **model)
     if options.transport == "auto":
-      _warn_once(("auto", num_senders, kind), "transport='auto' sums the "
+      _warn_once(("auto", num_senders, kind), "exchange='auto' sums the "
                  "gradients of %d senders by %r (per sender and exchange of "
                  "%d values, ndq_tf.core.cost_model.auto: %s).", num_senders,
                  kind, plan.total_size, cost_model.summary(

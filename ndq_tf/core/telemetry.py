@@ -16,7 +16,7 @@ Keys (all of the last compressed exchange):
 * `exchange_count`: compressed exchanges so far (the value of the dither's
   step counter; not a quantizer's step).
 * `transport`: how the last exchange travelled, `"all_gather"`,
-  `"all_reduce"` (what `transport="auto"` picked) or `"reduce_scatter"`
+  `"all_reduce"` (what `exchange="auto"` picked) or `"reduce_scatter"`
   (both of its stages); before the first exchange, the option as given.
 * `senders`: senders in the exchange, all processes together.
 * `local_senders`: senders this process encoded.

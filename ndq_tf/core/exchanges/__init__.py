@@ -3,15 +3,15 @@
 One module per exchange, each an `base.Exchange` (its name, the codecs it
 carries, its bits and decode work per worker, its framing, `run`), listed
 once in `EXCHANGES`: `NAMES` is the one list of exchange names the options
-(`transport=`), the cost model (`ndq_tf.core.cost_model`, which also
-holds `transport="auto"`'s choice) and the telemetry use. An exchange's
+(`exchange=`), the cost model (`ndq_tf.core.cost_model`, which also
+holds `exchange="auto"`'s choice) and the telemetry use. An exchange's
 `run` gets an `ExchangeContext` (`context`: options, step, fingerprint,
 seeds, state stores, telemetry), never the engine.
 
 Adding an exchange:
 
 1. A module here with a `base.Exchange` subclass and one instance of it,
-   `EXCHANGE`. The subclass sets `name` (the value of `transport=` that
+   `EXCHANGE`. The subclass sets `name` (the value of `exchange=` that
    picks it, reported by the telemetry), `framing_words` and `automatic`,
    and overrides `refusal` (the codecs it cannot carry, as a sentence),
    `bits` and `work` (its cost model, docs/scaling.md) and
@@ -21,7 +21,7 @@ Adding an exchange:
 2. Its instance appended to `EXCHANGES` below. Append only: a name's
    position is its code in the telemetry's checkpointed variables. The
    options then accept the name, the cost model prices it and
-   `transport="auto"` may pick it (if `automatic`).
+   `exchange="auto"` may pick it (if `automatic`).
 3. A transport, if none of `ndq_tf.core.transports` moves what it needs:
    one for replicas of one process (device copies or sums) and one for
    workers (TF's collectives). A transport is named for what it moves and
@@ -31,7 +31,7 @@ Adding an exchange:
    keyed by the exchange's name.
 4. Tests: its declarations in tests/test_exchanges.py, its cost model
    against the tensors it really sends in tests/test_exchange_cost.py, and
-   the strategies' sums under `transport=<name>`.
+   the strategies' sums under `exchange=<name>`.
 """
 
 from ndq_tf import _deprecation
@@ -67,8 +67,8 @@ def get(name):
     return _BY_NAME[name]
   except (KeyError, TypeError):
     raise ValueError(
-        f"`transport` must be one of {', '.join(map(repr, NAMES))}. "
-        f"Received: transport={name!r}.") from None
+        f"`exchange` must be one of {', '.join(map(repr, NAMES))}. "
+        f"Received: exchange={name!r}.") from None
 
 
 # The cost model lived here (deprecated names, one release).

@@ -49,7 +49,7 @@ class Exchange:
   name = None
   #: Words the exchange's transport adds to every sender's payload.
   framing_words = 0
-  #: Whether `transport="auto"` may pick it (`cost_model.auto`).
+  #: Whether `exchange="auto"` may pick it (`cost_model.auto`).
   automatic = True
 
   def refusal(self, codec, nested):

@@ -29,7 +29,7 @@ __all__ = [
 
 
 class GatherExchange(base.Exchange):
-  """`transport="all_gather"`: decode every sender's payload, then sum."""
+  """`exchange="all_gather"`: decode every sender's payload, then sum."""
 
   name = "all_gather"
   #: The header of every row of the collective all-gather (magic, sender,

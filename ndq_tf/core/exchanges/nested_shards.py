@@ -48,11 +48,11 @@ def adaptive_refusal(options):
       options.nested and options.adaptive):
     return None
   return (
-      "transport='reduce_scatter' cannot run the adaptive nested mode "
+      "exchange='reduce_scatter' cannot run the adaptive nested mode "
       "(adaptive=True, implied by alpha='mmse') across processes: a nested "
       "sender encodes every bucket with the noise of its own decode with "
       "side information, but the side information of shard j exists only "
-      "on the worker that receives shard j. Use transport='all_gather' "
+      "on the worker that receives shard j. Use exchange='all_gather' "
       "(or adaptive=False: the fixed mode counts a sender's statistics over "
       "its own worker's shard)")
 
@@ -61,7 +61,7 @@ def check_across_processes(options):
   """Raises the `adaptive_refusal` of `options` as a ValueError, if any."""
   why = adaptive_refusal(options)
   if why:
-    raise ValueError(f"{why}. Received: transport={options.transport!r}, "
+    raise ValueError(f"{why}. Received: exchange={options.exchange!r}, "
                      f"adaptive={options.adaptive!r}.")
 
 

@@ -1,6 +1,6 @@
 """The reduce-scatter exchange: bits and decode work flat in the senders.
 
-`transport="reduce_scatter"` (issue #18) over a reduce-scatter transport
+`exchange="reduce_scatter"` (issue #18) over a reduce-scatter transport
 (`ndq_tf.core.transports.all_to_all`). With `P` senders and a fused
 buffer of `B` whole buckets (`shard_buckets`: shard `j` holds buckets
 `[⌊jB/P⌋, ⌊(j+1)B/P⌋)`, some empty when `B < P`):
@@ -130,7 +130,7 @@ def _refusal(codec):
   if getattr(codec, "bucket_size", None) is None:
     return ("the reduce-scatter cuts the buffer into shards of whole "
             "buckets, so `codec` must have a `bucket_size`; use "
-            "transport='all_gather' or 'all_reduce'")
+            "exchange='all_gather' or 'all_reduce'")
   return None
 
 
@@ -138,14 +138,14 @@ def _check_codecs(codecs):
   """Raises a ValueError naming the first codec the exchange cannot carry."""
   if getattr(codecs[0], "needs_side_information", False):
     raise ValueError(
-        f"transport='reduce_scatter' cannot carry codec={codecs[0]!r} "
+        f"exchange='reduce_scatter' cannot carry codec={codecs[0]!r} "
         f"first: nested codecs need side information from a reference "
         f"group decoded before them; give one codec per worker, the "
         f"reference group's (without side information) first.")
   for codec in codecs:
     why = _refusal(codec)
     if why:
-      raise ValueError(f"transport='reduce_scatter' cannot carry "
+      raise ValueError(f"exchange='reduce_scatter' cannot carry "
                        f"codec={codec!r}: {why}.")
 
 
@@ -232,7 +232,7 @@ class ReduceScatterExchange(base.Exchange):
   #: The header of every stage-1 row (magic, sender, shard, step,
   #: fingerprint); stage 2's all-gather rows add its own header.
   framing_words = all_to_all.SCATTER_HEADER_WORDS
-  #: `transport="auto"` picks it where the time model says it is fastest
+  #: `exchange="auto"` picks it where the time model says it is fastest
   #: (from 3 worker processes on CPUs with the default stage 2; never in
   #: one shared memory, where its stage 1 decodes `P` buffers): its one
   #: extra re-quantization is the price (docs/algorithms.md).

@@ -32,11 +32,11 @@ ROTATION_SENDER = -1
 
 _NESTED_REFUSAL = ("nested codes are residues that only their own side "
                    "information decodes, so they do not add up; use "
-                   "transport='all_gather' (or 'auto')")
+                   "exchange='all_gather' (or 'auto')")
 
 
 class SumExchange(base.Exchange):
-  """`transport="all_reduce"`: shared scales, an integer sum, one decode."""
+  """`exchange="all_reduce"`: shared scales, an integer sum, one decode."""
 
   name = "all_reduce"
   #: Extra float32 words of the MAX all-reduce of the scales: the step and
@@ -51,7 +51,7 @@ class SumExchange(base.Exchange):
       return ("only the codes of DitheredCodec, HalfDitheredCodec, "
               "TernGradCodec and QSGDCodec add up (and Float16Codec and "
               "Float32Codec values, through a float ring); use "
-              "transport='all_gather' (or 'auto')")
+              "exchange='all_gather' (or 'auto')")
     return None
 
   def bits(self, codecs, num_elements, num_workers):
@@ -64,7 +64,7 @@ class SumExchange(base.Exchange):
     first = codecs[0]
     if any(c is not first and c != first for c in codecs[1:]):
       raise ValueError(
-          f"`codec` must be the same for every worker under transport="
+          f"`codec` must be the same for every worker under exchange="
           f"'all_reduce' (codes of different codecs do not add up). "
           f"Received: {codecs!r}.")
     form = first.summed_form()
@@ -76,7 +76,7 @@ class SumExchange(base.Exchange):
              "QSGDCodec, Float16Codec and Float32Codec have codes that add "
              "up")
       raise ValueError(
-          f"`codec` cannot be summed by transport='all_reduce': {why}. "
+          f"`codec` cannot be summed by exchange='all_reduce': {why}. "
           f"Received: codec={first!r}.")
     n, p = num_elements, num_workers
     if form == "float32":

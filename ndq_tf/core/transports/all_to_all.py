@@ -1,6 +1,6 @@
 """All-to-all of framed shards, then an all-gather: the reduce-scatter transport.
 
-The transport of `transport="reduce_scatter"`
+The transport of `exchange="reduce_scatter"`
 (`ndq_tf.core.exchanges.reduce_scatter`). Stage 1 (`scatter`): every sender
 has cut its payload into one wire per shard, and receiver `j` gets shard
 `j` of every sender, in sender order. Stage 2 (`gather`, a `Transport`):
