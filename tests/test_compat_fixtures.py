@@ -55,6 +55,14 @@ def _build():
   return strategy, model
 
 
+def _built(strategy, model):
+  # What fit builds first; Keras skips the saved variables of an optimizer
+  # that is not built yet.
+  with strategy.scope():
+    model.optimizer.build(model.trainable_variables)
+  return strategy, model
+
+
 def _next_step(model):
   """The generator's step after the saved ones (its data, same seed)."""
   rng = np.random.default_rng(SETUP["data_seed"])
@@ -135,14 +143,6 @@ def test_fixtures_were_written_by_main_at_2be80a5():
   assert EXPECTED["written_by"]["commit"].startswith("2be80a5")
   size = sum(p.stat().st_size for p in FIXTURES.iterdir())
   assert size < 200_000, size
-
-
-def _built(strategy, model):
-  # What fit builds first; Keras skips the saved variables of an optimizer
-  # that is not built yet.
-  with strategy.scope():
-    model.optimizer.build(model.trainable_variables)
-  return strategy, model
 
 
 def test_checkpoint_restores_to_the_same_step_and_state(tmp_path):
