@@ -1,4 +1,4 @@
-"""The CPU constants of `transport="auto"`'s time model, measured.
+"""The CPU constants of `exchange="auto"`'s time model, measured.
 
 `ndq_tf.core.cost_model.auto` prices an exchange on CPU devices as
 `bits / link rate + draws·DRAW_NS + decodes·n·DECODE_NS + lanes·LANE_NS`

@@ -15,16 +15,16 @@ about 5M parameters by default) for `--warmup` + `--steps` steps:
   `CommunicationImplementation.RING` (the users' baseline): a float32 ring
   all-reduce of every gradient tensor;
 * `float16`: `ndq_tf.MultiWorkerMirroredStrategy(codec="float16",
-  transport="all_reduce")`, TF's ring of float16 values;
+  exchange="all_reduce")`, TF's ring of float16 values;
 * `dqsg_ag`: `codec="dqsg:num_levels=M"` (`M = --dqsg_levels`, default 1:
-  ternary codes), `transport="all_gather"`: every worker's packed codes
+  ternary codes), `exchange="all_gather"`: every worker's packed codes
   all-gathered;
-* `dqsg_ar`: the same codec, `transport="all_reduce"`: a MAX all-reduce of
+* `dqsg_ar`: the same codec, `exchange="all_reduce"`: a MAX all-reduce of
   the per-bucket scales, then the codes summed in integer lanes;
 * `dqsg_rs` (not in the default list): the same codec,
-  `transport="reduce_scatter"`: shards by an all-to-all, each worker's
+  `exchange="reduce_scatter"`: shards by an all-to-all, each worker's
   reduced shard re-quantized and all-gathered (issue #18);
-* `auto`: the same codec, `transport="auto"` (the strategy picks by
+* `auto`: the same codec, `exchange="auto"` (the strategy picks by
   `ndq_tf.core.cost_model.auto`; the transport it used is reported);
 * `ndqsg` (not in the default list): `NestedDitheredCodec(num_levels=3,
   coarse_ratio=3)` on workers 1 to P-1 and that DQSG on worker 0,

@@ -391,7 +391,7 @@ def main(argv):
   ops, step_ms, lengths = analyze(space, placement, scopes)
   if hasattr(strategy, "compression_stats"):
     stats = strategy.compression_stats()
-    # What transport="auto" picked, and what one sender puts on the wire.
+    # What exchange="auto" picked, and what one sender puts on the wire.
     description += (f" ({stats['transport']}, "
                     f"{stats['sent_bits_per_element']:.2f} bits/element)")
   table = step_phases.phase_table(ops)
