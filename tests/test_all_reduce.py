@@ -168,7 +168,7 @@ def test_auto_picks_what_the_cost_model_predicts_and_logs_it_once(
     for step in range(2):
       _reduce(strategy, _gradients(elements, seed=step))
   assert strategy.compression_stats()["transport"] == want
-  notes = [r for r in caplog.records if "transport='auto'" in r.getMessage()]
+  notes = [r for r in caplog.records if "exchange='auto'" in r.getMessage()]
   assert len(notes) == 1, [r.getMessage() for r in caplog.records]
   assert repr(want) in notes[0].getMessage()
 

@@ -13,6 +13,7 @@ TensorFlow and Keras versions that wrote the fixtures). Real TensorFlow
 on 2 of the logical CPU devices of tests/conftest.py.
 """
 
+import copy
 import hashlib
 import json
 import pathlib
@@ -157,7 +158,11 @@ def test_checkpoint_restores_to_the_same_step_and_state(tmp_path):
   path = _checkpoint(model).write(str(tmp_path / "ckpt"))
   resaved = {name: _digest(tf.train.load_variable(path, name))
              for name, _ in tf.train.list_variables(path) if name != GRAPH}
-  assert resaved == EXPECTED["checkpoint_values"]
+  # `write` keeps no save counter; the fixture's `save` did.
+  expected = {name: value for name, value in
+              EXPECTED["checkpoint_values"].items()
+              if not name.startswith("save_counter/")}
+  assert resaved == expected
 
 
 def test_weights_file_loads_to_the_same_step_and_state(tmp_path):
@@ -201,7 +206,8 @@ def _without_module(config):
 
 
 def _revive(config):
-  revived = keras.saving.deserialize_keras_object(config)
+  # Keras' LossScaleOptimizer.from_config pops from the dict it is given.
+  revived = keras.saving.deserialize_keras_object(copy.deepcopy(config))
   assert _without_module(keras.saving.serialize_keras_object(revived)) == (
       _without_module(config))
   return revived
@@ -235,6 +241,8 @@ def test_strategy_configs_revive_to_equal_objects():
 
 
 def test_keras_object_configs_revive():
+  # `import ndq_tf` is lazy: Keras finds a class once its name was used.
+  assert ndq_tf.CompressionStats and ndq_tf.keras.LossScaleOptimizer
   callback = _revive(CONFIGS["compression_stats"])
   assert isinstance(callback, ndq_tf.CompressionStats)
   optimizer = _revive(CONFIGS["loss_scale_optimizer"])

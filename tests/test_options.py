@@ -133,7 +133,7 @@ def test_signature_and_help_list_every_field_with_its_type_and_default(name):
 
 def test_arguments_keep_their_positions():
   ops = ndq_tf.CompressedAllReduce(
-      "dqsg", 64, 5, True, None, "ops", ndq_tf.DitheredCodec(num_levels=1),
+      "ndqsg", 64, 5, True, None, "ops", ndq_tf.DitheredCodec(num_levels=1),
       None, None, "all_gather", 1024, None, False)
   assert (ops.min_elements, ops.seed, ops.compress_indexed_slices, ops.name,
           ops.exchange, ops.chunk_elements) == (64, 5, True, "ops",
@@ -254,7 +254,7 @@ def test_options_argument_is_used_as_is():
 
 @pytest.mark.parametrize("make", [
     ndq_tf.CompressedAllReduce,
-    lambda **k: ndq_tf.MirroredStrategy(devices=_devices(), **k),
+    lambda *a, **k: ndq_tf.MirroredStrategy(*a, devices=_devices(), **k),
     ndq_tf.MultiWorkerMirroredStrategy])
 def test_options_and_fields_together_are_an_error_naming_both(make):
   options = CompressionOptions("dqsg", seed=4)

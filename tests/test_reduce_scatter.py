@@ -372,8 +372,8 @@ def test_adaptive_nested_group_is_refused_across_processes():
   kwargs = dict(codec=ndq_tf.NestedDitheredCodec(coarse_ratio=3),
                 reference_codec=ndq_tf.DitheredCodec(num_levels=1),
                 exchange="reduce_scatter")
-  match = ("transport='reduce_scatter' cannot run the adaptive nested mode "
-           r"\(adaptive=True.*across processes.*transport='all_gather'")
+  match = ("exchange='reduce_scatter' cannot run the adaptive nested mode "
+           r"\(adaptive=True.*across processes.*exchange='all_gather'")
   with pytest.raises(ValueError, match=match):
     ndq_tf.MultiWorkerMirroredStrategy(adaptive=True, **kwargs)
   # The exchange itself refuses it where a sender is in another process.

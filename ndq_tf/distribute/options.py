@@ -209,9 +209,12 @@ class CompressionOptions:
       over steps (`ndq_tf.core.exchanges.feedback`; default False).
     group_argument: the name `reference_group` has in error messages; not
       part of the config.
-
-  `transport` is the deprecated name of `exchange` (warns once; passing
-  both is an error).
+    transport: deprecated name of `exchange` (warns once; passing both is
+      an error).
+    reference_replicas: deprecated name of `reference_group` (warns once;
+      passing both is an error).
+    reference_workers: deprecated name of `reference_group` (warns once;
+      passing both is an error).
 
   Raises:
     TypeError: if `codec` or `reference_codec` is not a codec (a class,
