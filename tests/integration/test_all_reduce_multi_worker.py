@@ -18,7 +18,7 @@ the 2 run alone).
 
 * `p2`, `p3`: 10 steps with `exchange="all_reduce"` on 2 and 3 workers
   (jobs of 4 and 8 workers were dropped for time, issue #31: the lane
-  widths of every P are tests/test_lane_ops.py's, and 8 TensorFlow
+  widths of every P are tests/ops/test_lane_ops.py's, and 8 TensorFlow
   processes cost about as much CPU as the rest of the file);
 * `auto2`: 3 steps with `exchange="auto"` on 2 workers, where the time
   model picks the all-gather (test_reduce_scatter_multi_worker.py's `p3`

@@ -7,7 +7,7 @@ has in the whole buffer. These tests check that the result is bit for bit
 the one of the exchange without chunks, on every replica, for every codec
 and both transports, nested senders (their statistics and adaptive state
 included) too; and the plan's arithmetic. Real processes:
-tests/test_all_reduce_multi_worker.py (`--chunk_elements`).
+tests/integration/test_all_reduce_multi_worker.py (`--chunk_elements`).
 """
 
 import numpy as np

@@ -6,8 +6,9 @@ started through `ndq_tf/launch.py`. Every worker runs the script of
 test_all_reduce_multi_worker.py (tests/multi_worker_scripts/
 all_reduce_worker.py: `model.fit` of a 32-64-2 MLP whose one compressed
 gradient, the 32x64 kernel, is 4 buckets: at 3 workers the shards are 2,
-1 and 1 buckets; empty shards are tests/test_reduce_scatter.py's). One job per configuration, two waves (at most 10 TensorFlow
-processes at a time):
+1 and 1 buckets; empty shards are
+tests/core/exchanges/test_reduce_scatter.py's). One job per configuration,
+two waves (at most 10 TensorFlow processes at a time):
 
 * `p3`, `p2`: 10 steps; identical SHA-256 weights on every worker, the
   telemetry's transport and the cost model's link bits. `p3` asks for
@@ -33,7 +34,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import test_all_reduce_multi_worker as all_reduce_jobs
+# tests/integration/ as a namespace package (pytest.ini puts tests/ on
+# sys.path).
+from integration import test_all_reduce_multi_worker as all_reduce_jobs
 from ndq_tf.core import cost_model
 from ndq_tf.core import fusion
 from ndq_tf.distribute import options as options_lib

@@ -1,8 +1,9 @@
 """Tests of `ndq_tf.core.engine.ExchangeEngine` on its own: its seeds, and
 the context it hands an exchange.
 
-The exchange end to end is tested through the strategies (test_mirrored,
-test_all_reduce, test_chunked_exchange, test_decode_once).
+The exchange end to end is tested through the strategies
+(integration/test_mirrored.py, core/exchanges/test_sum.py,
+integration/test_chunked_exchange.py, integration/test_decode_once.py).
 """
 
 import inspect

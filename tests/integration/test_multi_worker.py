@@ -27,7 +27,8 @@ from ndq_tf.core.transports import all_gather
 from ndq_tf.distribute import multi_worker
 from ndq_tf.distribute import options as options_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "tests", "multi_worker_scripts")
 LAUNCH = os.path.join(ROOT, "ndq_tf", "launch.py")
 WORKER = os.path.join(SCRIPTS, "mw_worker.py")

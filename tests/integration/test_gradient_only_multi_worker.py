@@ -1,6 +1,6 @@
 """Only gradient aggregation is compressed, on real worker processes (#13).
 
-The multi-worker half of tests/test_gradient_only.py: under
+The multi-worker half of tests/integration/test_gradient_only.py: under
 `ndq_tf.MultiWorkerMirroredStrategy`, synchronized BatchNormalization
 statistics, Keras metrics, `strategy.reduce` and user
 `ReplicaContext.all_reduce` stay exact; gradient aggregation (the all-reduce

@@ -8,7 +8,7 @@ Keras 3 `fit`, tf_keras `fit` (`import tf_keras`; `tf.keras` with
 routes nothing recognises (`ReplicaContext.all_reduce` of gradients then
 an update; a tf_keras optimizer told to skip its aggregation), which
 travel losslessly with a warning and a count. The multi-worker half is
-tests/test_gradient_routes_multi_worker.py.
+tests/integration/test_gradient_routes_multi_worker.py.
 """
 
 import json
@@ -138,8 +138,9 @@ def test_legacy_tf_keras_fit_compresses_in_a_fresh_process():
   """`tf.keras` with TF_USE_LEGACY_KERAS=1 (read when TF is imported).
 
   On the all-gather only: which Keras computed the gradients is told apart
-  before any exchange, and tests/test_gradient_routes_multi_worker.py runs
-  this route on both exchanges.
+  before any exchange, and
+  tests/integration/test_gradient_routes_multi_worker.py runs this route on
+  both exchanges.
   """
   pytest.importorskip("tf_keras")
   transport = "all_gather"

@@ -7,7 +7,7 @@ the sum); every replica gets the same bits; a bucket with a NaN decodes to
 NaN and corrupts no other; float32 values summed by the float path equal the
 all-gather's; `"auto"` picks what the cost model says and logs it once; and
 the options refuse what cannot be summed. Real processes:
-tests/test_all_reduce_multi_worker.py.
+tests/integration/test_all_reduce_multi_worker.py.
 """
 
 import keras

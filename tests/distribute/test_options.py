@@ -1,9 +1,9 @@
 """Tests of `ndq_tf.distribute.options.CompressionOptions` and its fields.
 
-Its own tests (moved from test_nested_allreduce.py and test_all_reduce.py),
-and those of its fields declared once (`ndq_tf.distribute.arguments`): the
-signatures and help of the constructors that take them, their deprecated
-names, and `options=`.
+Its own tests (moved from integration/test_nested_allreduce.py and
+core/exchanges/test_sum.py), and those of its fields declared once
+(`ndq_tf.distribute.arguments`): the signatures and help of the constructors
+that take them, their deprecated names, and `options=`.
 """
 
 import inspect

@@ -23,7 +23,8 @@ import digits_recipe
 import multi_worker_job
 
 NUM_REPLICAS = 4
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 
 def _devices():
@@ -112,7 +113,8 @@ def test_digits_mlp_sends_ten_times_fewer_bits():
   """
   x_train, _, y_train, _ = digits_recipe.load()
   # The all-gather's payloads: "auto" would sum these codes in 5-bit lanes
-  # (fewer bits on the links, more per payload; tests/test_all_reduce.py).
+  # (fewer bits on the links, more per payload;
+  # tests/core/exchanges/test_sum.py).
   strategy = MirroredStrategy(codec=ndq_tf.DitheredCodec(num_levels=3),
                               devices=_devices(), exchange="all_gather")
   model = digits_recipe.model(strategy)

@@ -12,7 +12,9 @@ import tensorflow as tf
 from ndq_tf.core import engine as engine_lib
 from ndq_tf.distribute.options import CompressionOptions
 
-import test_reduce_scatter as rs
+# tests/core/exchanges/ as a namespace package (pytest.ini puts tests/ on
+# sys.path).
+from core.exchanges import test_reduce_scatter as rs
 
 #: Stage 1 with so many levels that its error is negligible (|error| at
 #: most max|g|/(2·LEVELS) per sender and element): what is left is stage 2's.

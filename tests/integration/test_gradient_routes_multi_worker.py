@@ -1,11 +1,11 @@
 """Every gradient route under `ndq_tf.MultiWorkerMirroredStrategy` (#19).
 
-The multi-worker half of tests/test_gradient_routes.py: two jobs of 2
-workers on 127.0.0.1 (one CPU device each), one per transport, started
+The multi-worker half of tests/integration/test_gradient_routes.py: two jobs
+of 2 workers on 127.0.0.1 (one CPU device each), one per transport, started
 together once for the file (`multi_worker_job.MultiWorkerJob` through
 `ndq_tf/launch.py`). Each worker process holds ONE strategy
-(tests/test_all_reduce_multi_worker.py says why) and runs every route of
-tests/multi_worker_scripts/gradient_routes_worker.py in order, with
+(tests/integration/test_all_reduce_multi_worker.py says why) and runs every
+route of tests/multi_worker_scripts/gradient_routes_worker.py in order, with
 `TF_USE_LEGACY_KERAS=1`: `tf.keras` is then tf_keras (the `legacy`
 route), `import tf_keras` the same Keras (the `tf_keras` route), and
 `import keras` still Keras 3 (the `keras3` route, the reference).

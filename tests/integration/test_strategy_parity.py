@@ -33,7 +33,8 @@ from ndq_tf.core import telemetry
 import multi_worker_job as job_lib
 from ndq_tf.core.transports import all_gather
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "tests", "multi_worker_scripts")
 WORKER = os.path.join(SCRIPTS, "parity_worker.py")
 # Seconds, for the launcher; the subprocess gets 30 more. A guard against a

@@ -16,7 +16,8 @@ import pytest
 
 from ndq_tf.cluster import launch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 LAUNCH = os.path.join(ROOT, "ndq_tf", "launch.py")
 
 # Wall-clock bounds, loose enough for a loaded 2-core machine. Children that

@@ -7,7 +7,7 @@ chunks, padding, zeros and NaN buckets, unbiasedness and the error energy
 of `ndq_tf.theory` (fixed seeds, tolerances derived from the theory), bad
 arguments, configs; and the integer all-reduce with signs shared by the
 senders under `ndq_tf.MirroredStrategy` on 4 logical CPUs, on both
-transports. Worker processes: tests/test_rotation_multi_worker.py.
+transports. Worker processes: tests/integration/test_rotation_multi_worker.py.
 """
 
 import math
