@@ -146,7 +146,7 @@ FAULTS = [
         symbol="DitheredCodec._dequantize",
         old="quantization_ops.dithered_dequantize(q, u, 1.0)",
         new="quantization_ops.half_dithered_dequantize(q, 1.0, q.dtype)",
-        tests=["tests/codecs/test_codecs.py"]),
+        tests=["tests/codecs/test_base.py"]),
     Fault(
         name="nan_bucket_decodes_finite",
         what="A bucket holding a NaN or an Inf gets the scale 0 instead of "
@@ -157,7 +157,7 @@ FAULTS = [
         symbol="bucket_scales",
         old="return tf.where(finite, kappa, nan)",
         new="return kappa",
-        tests=["tests/codecs/test_codecs.py"]),
+        tests=["tests/codecs/test_base.py"]),
     Fault(
         name="rotation_signs_not_regenerated",
         what="A rotated codec's receiver inverts the Hadamard transform "
@@ -168,9 +168,9 @@ FAULTS = [
         old=("self._signs(seed, yb.shape[0],\n"
              "                                                 yb.dtype)"),
         new="tf.ones_like(yb)",
-        # test_rotation is not tagged heavy but is long; these two decode
+        # test_bucketed is not tagged heavy but is long; these two decode
         # through the codec and compare with the input.
-        tests=["tests/codecs/test_rotation.py",
+        tests=["tests/codecs/test_bucketed.py",
                "-k", "spreads_an_outlier or rotated_dqsg_is_unbiased"]),
     Fault(
         name="qsgd_decode_ignores_levels",
@@ -181,7 +181,7 @@ FAULTS = [
         symbol="_StochasticRoundingCodec._dequantize",
         old="return q * (scales / self._levels)[:, None]",
         new="return q * scales[:, None]",
-        tests=["tests/codecs/test_codecs.py"]),
+        tests=["tests/codecs/test_base.py"]),
     # -- the exchange core ----------------------------------------------------
     Fault(
         name="sum_drops_last_sender",
@@ -192,7 +192,7 @@ FAULTS = [
         symbol="_fold",
         old="for tensor in tensors[1:]:",
         new="for tensor in tensors[1:-1]:",
-        tests=["tests/core/test_fusion_sum.py", "tests/core/test_fusion.py"]),
+        tests=["tests/core/test_fusion_sum.py", "tests/core/test_fusion_codec.py"]),
     Fault(
         name="seed_fold_step_plus_sender",
         what="The payload seed folds `step + sender` instead of the step then "
@@ -202,7 +202,7 @@ FAULTS = [
         symbol="derive_seed",
         old="ndq_ops.fold_seed(ndq_ops.fold_seed(base_seed, step), sender)",
         new="ndq_ops.fold_seed(base_seed, step + sender)",
-        tests=["tests/core/test_engine.py", "tests/core/test_fusion.py"]),
+        tests=["tests/core/test_engine.py", "tests/core/test_fusion_codec.py"]),
     Fault(
         name="nested_side_info_off_by_one",
         what="A nested sender's side information divides the sum of the "
@@ -215,7 +215,7 @@ FAULTS = [
         # The nested exchange's other tests rebuild their ground truth with
         # decode_senders itself; test_fusion's side-information test (added
         # for this fault, issue #31) computes the mean independently.
-        tests=["tests/core/test_fusion.py"]),
+        tests=["tests/core/test_fusion_codec.py"]),
     Fault(
         name="agreement_check_skipped",
         what="The workers' options check compares worker 0's config with "

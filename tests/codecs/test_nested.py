@@ -213,5 +213,27 @@ class AdaptiveNestedTest(tf.test.TestCase, parameterized.TestCase):
                    "bucket_size=128,overload_target=0.001"), codec)
 
 
+class SideInformationTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters("ndqsg_k3", "ndqsg_k4")
+  def test_nested_decode_without_side_information_raises(self, name):
+    codec = CODECS[name]
+    payload = codec.encode(make_signal(N), SEED)
+    with self.assertRaisesRegex(ValueError, "`side_information`"):
+      codec.decode(payload, SEED)
+
+  def test_nested_side_information_of_wrong_shape_raises(self):
+    codec = CODECS["ndqsg_k3"]
+    payload = codec.encode(make_signal(N), SEED)
+    with self.assertRaisesRegex(ValueError, "`side_information`"):
+      codec.decode(payload, SEED, side_information=tf.zeros([N + 1]))
+
+  def test_integer_side_information_raises_type_error(self):
+    codec = CODECS["ndqsg_k3"]
+    payload = codec.encode(make_signal(N), SEED)
+    with self.assertRaisesRegex(TypeError, "`side_information`"):
+      codec.decode(payload, SEED, side_information=tf.zeros([N], tf.int32))
+
+
 if __name__ == "__main__":
   tf.test.main()

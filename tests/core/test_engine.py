@@ -73,22 +73,6 @@ def test_an_exchange_gets_a_context_not_the_engine():
         parameters[1:])
 
 
-def test_context_seeds_are_the_engines():
-  engine = _engine(seed=11)
-  context = exchanges.ExchangeContext(
-      options=engine.options, step=tf.constant(4), fingerprint=0,
-      base_seed=(11, engine_lib.SEED_TAG), device="/device:CPU:0",
-      telemetry=engine.telemetry)
-  for sender, step, segment in ((0, None, None), (2, 7, None),
-                                (engine_lib.ROTATION_SENDER, None, 0),
-                                (1, 3, 2)):
-    np.testing.assert_array_equal(
-        context.seed(sender, step, segment).numpy(),
-        engine.seed(sender, 4 if step is None else step, segment).numpy())
-  with pytest.raises(AttributeError):
-    context.step = 5  # Frozen: one context per call.
-
-
 def test_segment_seed_is_the_one_fold_of_encode_and_decode():
   seed = fusion.derive_seed(tf.constant([5, 6]), 3, 1)
   for segment in (0, 2):

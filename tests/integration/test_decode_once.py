@@ -58,17 +58,6 @@ def _exchange(options, shared, steps=2):
   return out, engine
 
 
-def test_the_host_cpu_devices_share_memory_and_gpus_do_not():
-  assert transports.DeviceCopyTransport(_devices()).shared_memory
-  assert transports.DeviceSumTransport(_devices()).shared_memory
-  assert not transports.DeviceCopyTransport(
-      ["/job:localhost/replica:0/task:0/device:GPU:0",
-       "/job:localhost/replica:0/task:0/device:GPU:1"]).shared_memory
-  assert not transports.DeviceSumTransport(
-      ["/job:worker/replica:0/task:0/device:CPU:0",
-       "/job:worker/replica:0/task:1/device:CPU:0"]).shared_memory
-
-
 @pytest.mark.parametrize("transport, spec, chunk_elements", [
     ("all_gather", "dqsg:num_levels=1", None),
     ("all_gather", "dqsg:num_levels=1", 2048),

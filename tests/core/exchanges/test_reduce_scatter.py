@@ -367,31 +367,3 @@ def test_shard_statistics_add_up_to_the_whole_buffers(rotation):
                              whole["noise_scale"].numpy(), rtol=1e-6)
 
 
-def test_adaptive_nested_group_is_refused_across_processes():
-  """One sender per worker: shard j's side information is on worker j only."""
-  kwargs = dict(codec=ndq_tf.NestedDitheredCodec(coarse_ratio=3),
-                reference_codec=ndq_tf.DitheredCodec(num_levels=1),
-                exchange="reduce_scatter")
-  match = ("transport='reduce_scatter' cannot run the adaptive nested mode "
-           r"\(adaptive=True.*across processes.*transport='all_gather'")
-  with pytest.raises(ValueError, match=match):
-    ndq_tf.MultiWorkerMirroredStrategy(adaptive=True, **kwargs)
-  # The exchange itself refuses it where a sender is in another process.
-  options = CompressionOptions(adaptive=True, **kwargs)
-  engine = engine_lib.ExchangeEngine(options)
-  device = _devices()[0]
-  gather = transports.CollectiveAllGatherTransport(lambda row: row, 2, 1,
-                                                   device)
-  scatter = transports.CollectiveAllToAllTransport(lambda rows: rows, gather,
-                                                   2, 1, device)
-  with tf.device(device):
-    sender = engine_lib.LocalSender(1, device, [tf.ones([1024])])
-  with pytest.raises(ValueError, match=match):
-    engine.exchange({"all_gather": gather, "reduce_scatter": scatter},
-                    [sender], "sum")
-  # The fixed mode is carried; "auto" gathers nested groups whatever the
-  # reduce-scatter's cost.
-  CompressionOptions(adaptive=False, **kwargs)
-  codecs = options.sender_codecs(4)
-  assert reduce_scatter.EXCHANGE.bits(codecs, 2**20, 4) > 0
-  assert cost_model.auto(codecs, 2**20, 4) == "all_gather"

@@ -245,12 +245,3 @@ def test_transport_round_trips_through_the_config(transport):
   config = ops_.get_config()
   assert config["transport"] == transport
   assert ndq_tf.CompressedAllReduce.from_config(config).options == ops_.options
-
-
-@pytest.mark.parametrize("transport_class", [
-    ndq_tf.core.transports.CollectiveAllGatherTransport,
-    ndq_tf.core.transports.CollectiveSumTransport])
-def test_a_worker_id_out_of_range_is_named(transport_class):
-  with pytest.raises(ValueError, match=r"`worker_id` must be in \[0, 2\). "
-                     r"Received: worker_id=2"):
-    transport_class(None, 2, 2, "/cpu:0")

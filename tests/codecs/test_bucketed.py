@@ -1,32 +1,31 @@
-"""The randomized Hadamard rotation of the bucketed codecs (issue #17).
+"""Tests of `ndq_tf.codecs.bucketed`: what the bucketed codecs share.
 
-`ndq_tf.ops.rotation_ops` against numpy's Walsh–Hadamard matrix; the signs
-and the transforms bit for bit in eager mode, `tf.function` and XLA; every
-bucketed codec with `rotation="hadamard"`: decodes identical in every mode,
-chunks, padding, zeros and NaN buckets, unbiasedness and the error energy
-of `ndq_tf.theory` (fixed seeds, tolerances derived from the theory), bad
-arguments, configs; and the integer all-reduce with signs shared by the
-senders under `ndq_tf.MirroredStrategy` on 4 logical CPUs, on both
-transports. Worker processes: tests/integration/test_rotation_multi_worker.py.
+The public base class, and the randomized Hadamard rotation (issue #17):
+every bucketed codec with `rotation="hadamard"` decodes identically in
+every mode, chunks, padding, zeros and NaN buckets, unbiasedness and the
+error energy of `ndq_tf.theory` (fixed seeds, tolerances derived from the
+theory), bad arguments, configs. The transform itself:
+ops/test_rotation_ops.py; under `ndq_tf.MirroredStrategy`:
+integration/test_rotation.py; worker processes:
+integration/test_rotation_multi_worker.py.
 """
 
 import math
 
+from absl.testing import parameterized
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from codec_cases import CODECS, BUCKETED
 import ndq_tf
+from ndq_tf import codecs
 from ndq_tf import ops
 from ndq_tf import theory
-from ndq_tf.core import engine as engine_lib
-from ndq_tf.core import fusion
 from ndq_tf.ops import rotation_ops
 
 SEED = tf.constant([2024, 7], tf.int32)
-NUM_REPLICAS = 4
-STRATEGY_SEED = 7
 
 ROTATED = {
     "dqsg": ndq_tf.DitheredCodec(num_levels=2, bucket_size=64,
@@ -41,13 +40,6 @@ ROTATED = {
 }
 
 
-def _hadamard(d):
-  h = np.ones([1, 1])
-  while h.shape[0] < d:
-    h = np.block([[h, h], [h, -h]])
-  return h
-
-
 def _heavy(n, seed=0):
   """Heavy-tailed values (Student t, 2 degrees of freedom), like gradients."""
   return np.random.default_rng(seed).standard_t(2, size=n).astype(np.float32)
@@ -60,66 +52,6 @@ def _side(codec, x):
 
 
 # -- The transform ----------------------------------------------------------
-
-
-@pytest.mark.parametrize("d", [1, 2, 4, 8, 32, 128, 512])
-def test_hadamard_transform_is_numpys_matrix(d):
-  x = np.random.default_rng(d).normal(size=[3, d])
-  got = rotation_ops.hadamard_transform(tf.constant(x)).numpy()
-  np.testing.assert_allclose(got, x @ _hadamard(d), rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.parametrize("d", [16, 64, 2048])
-def test_rotate_then_unrotate_is_the_identity_to_float_rounding(d):
-  x = tf.constant(_heavy(4 * d).reshape(4, d))
-  signs = rotation_ops.rotation_signs(SEED, 4, d, tf.float32)
-  y = rotation_ops.rotate(x, signs)
-  back = rotation_ops.unrotate(y, signs).numpy()
-  # log2(d) roundings of sums of at most d terms: |err| <= log2(d)·eps·‖x‖.
-  bound = math.log2(d) * 2**-23 * np.linalg.norm(x.numpy(), axis=1)
-  assert np.all(np.abs(back - x.numpy()) <= bound[:, None])
-  # Orthogonal up to the domain's gain c.
-  np.testing.assert_allclose(
-      np.linalg.norm(y.numpy(), axis=1),
-      rotation_ops.domain_gain(d) * np.linalg.norm(x.numpy(), axis=1),
-      rtol=1e-5)
-
-
-def test_signs_are_balanced_and_not_the_dither():
-  n = 2**16
-  signs = rotation_ops.rotation_signs(SEED, n // 512, 512, tf.float32).numpy()
-  assert set(np.unique(signs)) == {-1.0, 1.0}
-  # A mean of n fair signs: standard error 1/sqrt(n); six of them.
-  assert abs(signs.mean()) < 6 / math.sqrt(n)
-  dither = ops.uniform_dither(SEED, n).numpy().reshape(signs.shape)
-  # Uncorrelated with the sign of the same seed's dither.
-  assert abs(np.mean(signs * np.sign(dither))) < 6 / math.sqrt(n)
-
-
-@pytest.mark.parametrize("d", [4, 64])
-def test_signs_of_a_chunk_are_its_slice_of_the_buffers(d):
-  whole = rotation_ops.rotation_signs(SEED, 8, d, tf.float32).numpy()
-  seed = tf.concat([tf.cast(SEED, tf.int64), tf.constant([3 * d], tf.int64)],
-                   0)
-  part = rotation_ops.rotation_signs(seed, 2, d, tf.float32).numpy()
-  np.testing.assert_array_equal(part, whole[3:5])
-
-
-def test_signs_and_transform_are_the_same_bits_in_every_mode():
-  x = tf.constant(_heavy(8 * 128).reshape(8, 128))
-
-  def run(x, seed):
-    signs = rotation_ops.rotation_signs(seed, 8, 128, tf.float32)
-    y = rotation_ops.rotate(x, signs)
-    # (A product feeding the transform could be contracted into an FMA by
-    # XLA; the codecs feed it exact power-of-two products only.)
-    return signs, y, rotation_ops.unrotate(y + 0.125, signs)
-
-  eager = [t.numpy() for t in run(x, SEED)]
-  for jit in (False, True):
-    got = tf.function(run, jit_compile=jit)(x, SEED)
-    for a, b in zip(got, eager):
-      np.testing.assert_array_equal(a.numpy(), b)
 
 
 # -- Codecs -----------------------------------------------------------------
@@ -374,152 +306,13 @@ def test_summing_methods_need_a_shared_rotation_seed():
     plain.bucket_scales(x, rotation_seed=SEED)
 
 
-@pytest.mark.parametrize("adaptive", [False, True])
-def test_nested_groups_count_a_rotated_nested_codec_in_its_rotated_domain(
-    adaptive):
-  """Overloads and noise scales of rotated NDQSG senders, rotated domain.
-
-  Two DQSG reference replicas, two rotated NDQSG ones; the ground truth
-  is rebuilt from the seeds: a coefficient of a nested bucket overloaded
-  exactly when its rotated error exceeds half its fine step (α = 1), and
-  every coefficient counts (a rotated bucket is sent whole, padding too).
-  """
-  d = 64
-  codec = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3,
-                                     bucket_size=d, rotation="hadamard")
-  reference = ndq_tf.DitheredCodec(num_levels=3, bucket_size=d)
-  cross = ndq_tf.distribute.CompressedAllReduce(
-      codec, reference_codec=reference, reference_group=2,
-      adaptive=adaptive, min_elements=64, seed=STRATEGY_SEED)
-  strategy = ndq_tf.MirroredStrategy(cross_device_ops=cross,
-                                     devices=_devices())
-  rng = np.random.default_rng(11)
-  common = rng.standard_t(3, size=8 * d - 20)  # a partial last bucket
-  plan = fusion.FusionPlan.from_tensors([tf.constant(common, tf.float32)], d)
-  noise = None
-  for step in range(3 if adaptive else 1):
-    grads = (common + rng.normal(size=[NUM_REPLICAS, common.size])
-             ).astype(np.float32)
-    if step:  # What the nested senders encode this call with.
-      ((_, (scale, gain)),) = cross.engine.nested_state.items()
-      noise = (scale.numpy() * gain.numpy())[2:]
-    got = _reduce(strategy, grads)
-    for g in got[1:]:
-      np.testing.assert_array_equal(g, got[0])
-  stats = cross.stats()
-  base = tf.constant([STRATEGY_SEED, engine_lib.SEED_TAG], tf.int32)
-  seeds = [fusion.derive_seed(base, step, k) for k in range(NUM_REPLICAS)]
-  codecs = [reference] * 2 + [codec] * 2
-  wires = [fusion.encode_fused(
-      c, [tf.constant(g)], s, plan,
-      noise_scale=None if noise is None or p < 2 else noise[p - 2])
-           for p, (c, g, s) in enumerate(zip(codecs, grads, seeds))]
-  decoded, side = fusion.decode_senders(codecs, wires, seeds, plan,
-                                        return_side_information=True)
-  fused = [plan.flatten([tf.constant(g)]) for g in grads]
-  overloads, sigma = 0, []
-  for p in (2, 3):
-    signs = rotation_ops.rotation_signs(ops.fold_seed(seeds[p], 0),
-                                        plan.total_size // d, d, tf.float32)
-    rotated = [rotation_ops.rotate(tf.reshape(v, [-1, d]), signs).numpy()
-               for v in (fused[p], side[p], decoded[p])]
-    scales = fusion.wire_scales(codec, wires[p], plan).numpy()
-    fine = scales[:, None] / codec.num_levels
-    wrong = np.abs(rotated[2] - rotated[0]) > fine * (0.5 + 1e-3)
-    overloads += int(np.sum(wrong[scales > 0]))  # Not the DQSG fallbacks.
-    sigma.append(np.sqrt(np.mean((rotated[0] - rotated[1])**2, axis=1))
-                 / rotation_ops.domain_gain(d))
-  nested = sum(int(np.sum(fusion.wire_scales(codec, wires[p], plan).numpy()
-                          > 0)) for p in (2, 3))
-  assert stats["nested_elements"] == d * nested
-  assert stats["overloads"] == overloads
-  assert stats["fallback_fraction"] == 1 - nested / (2 * plan.total_size // d)
-  print(f"adaptive={adaptive}: {nested} nested buckets, {overloads} "
-        f"overloads, stats {stats}")
-  if not adaptive:
-    assert overloads > 0 and nested == 2 * plan.total_size // d
-  else:
-    assert nested > 0  # After the first call's DQSG fallback.
-  ((_, (scale, _)),) = cross.engine.nested_state.items()
-  if not adaptive:  # The adaptive mode keeps an envelope of them.
-    np.testing.assert_allclose(scale.numpy()[2:], sigma, rtol=1e-5)
-  # Orthogonal: the rotated RMS over a bucket is the unrotated one over d.
-  z = [(fused[p] - side[p]).numpy().reshape(-1, d) for p in (2, 3)]
-  np.testing.assert_allclose(sigma, np.sqrt(np.mean(np.square(z), axis=2)),
-                             rtol=1e-5)
-
-
 # -- The integer all-reduce under MirroredStrategy --------------------------
 
 
-def _devices():
-  return [d.name for d in tf.config.list_logical_devices("CPU")[:NUM_REPLICAS]]
+class BaseClassTest(tf.test.TestCase, parameterized.TestCase):
 
-
-def _reduce(strategy, grads):
-  values = strategy.experimental_distribute_values_from_function(
-      lambda ctx: tf.constant(grads[ctx.replica_id_in_sync_group]))
-  with ndq_tf.distribute.compressed():
-    (out,) = strategy.extended.batch_reduce_to("sum", [(values, values)])
-  return [v.numpy() for v in out.values]
-
-
-def _api_sum(codec, grads, step):
-  """The decoded sum by the public API, the signs shared; and its scales."""
-  base = tf.constant([STRATEGY_SEED, engine_lib.SEED_TAG], tf.int32)
-  seeds = [ops.fold_seed(fusion.derive_seed(base, step, k), 0)
-           for k in range(NUM_REPLICAS)]
-  shared = ops.fold_seed(
-      fusion.derive_seed(base, step, engine_lib.ROTATION_SENDER), 0)
-  flats = [tf.constant(g) for g in grads]
-  scales = tf.reduce_max(tf.stack(
-      [codec.bucket_scales(x, rotation_seed=shared) for x in flats]), axis=0)
-  total = tf.add_n([tf.cast(codec.encode_symbols(
-      x, s, scales, rotation_seed=shared), tf.int32)
-                    for x, s in zip(flats, seeds)])
-  return codec.decode_symbol_sum(total, scales, tf.stack(seeds),
-                                 rotation_seed=shared).numpy(), scales.numpy()
-
-
-@pytest.mark.parametrize("transport", ["all_gather", "all_reduce"])
-def test_mirrored_rotated_dqsg_is_identical_unbiased_with_its_variance(
-    transport):
-  d, num_levels, steps = 128, 2, 6
-  codec = ndq_tf.DitheredCodec(num_levels=num_levels, bucket_size=d,
-                               rotation="hadamard")
-  strategy = ndq_tf.MirroredStrategy(codec=codec, devices=_devices(),
-                                     exchange=transport, seed=STRATEGY_SEED)
-  rng = np.random.default_rng(8)
-  grads = (rng.standard_t(3, size=[NUM_REPLICAS, 16 * d])
-           * np.exp(rng.uniform(-1, 1, size=[NUM_REPLICAS, 1]))).astype(
-               np.float32)
-  exact = grads.astype(np.float64).sum(axis=0)
-  errors, want = [], 0.0
-  for step in range(steps):
-    got = _reduce(strategy, grads)
-    for g in got[1:]:
-      np.testing.assert_array_equal(g, got[0])
-    errors.append(got[0] - exact)
-    if transport == "all_reduce":
-      api, scales = _api_sum(codec, grads, step)
-      np.testing.assert_array_equal(got[0], api)
-      # P senders, the shared rotated scale: P·κ_b²Δ²/12 per element.
-      kappa = np.array(theory.rotated_scales(scales, d))
-      want += d * np.sum(theory.shared_scale_variance(
-          num_levels, NUM_REPLICAS, kappa))
-    else:
-      # Every sender its own signs and scales: the sum of their energies.
-      base = tf.constant([STRATEGY_SEED, engine_lib.SEED_TAG], tf.int32)
-      for k in range(NUM_REPLICAS):
-        seed = ops.fold_seed(fusion.derive_seed(base, step, k), 0)
-        wire = codec.encode(grads[k], seed).scales.numpy()
-        want += theory.rotated_dithered_total_mse(wire, d, num_levels)
-  assert strategy.compression_stats()["transport"] == transport
-  errors = np.array(errors)
-  assert abs(np.sum(errors**2) / want - 1) < 6 * 0.894 / math.sqrt(
-      errors.size)
-  # Unbiased: the mean error projected on the exact sum, in standard units.
-  per_element = want / errors.size
-  z = np.sum(errors.mean(axis=0) * exact) / math.sqrt(
-      per_element * np.sum(exact * exact) / steps)
-  assert abs(z) < 6
+  def test_bucketed_codecs_share_the_public_base_class(self):
+    for name in BUCKETED:
+      self.assertIsInstance(CODECS[name], codecs.BucketedCodec, msg=name)
+    for name in ("float32", "float16"):
+      self.assertNotIsInstance(CODECS[name], codecs.BucketedCodec, msg=name)
