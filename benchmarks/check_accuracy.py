@@ -12,17 +12,18 @@ docs/accuracy_checks.md). It exits 1 if a check fails.
   dqsg_vs_float32   DQSG M=3 (all-gather) against TF's MirroredStrategy
                     (ReductionToOneDevice), seed 1: float32 above 90%, DQSG
                     within 2 points, compression ratio of all gradient bits
-                    at least 10 (was tests/test_mirrored_training.py).
+                    at least 10 (was
+                    tests/integration/test_mirrored_training.py).
   nested_half       NDQSG (3,3), automatic mode, replicas 0-1 send DQSG M=3,
                     against DQSG M=3 on every replica, seeds 1-3: no seed
                     more than 1 point below, the mean at most 0.5 below,
                     each seed's bits at most 0.8 of DQSG's (was
-                    tests/test_nested_allreduce.py; over 6 seeds in
+                    tests/integration/test_nested_allreduce.py; over 6 seeds in
                     docs/nested_digits.md).
   sync_bn           a digits MLP with a synchronized BatchNormalization,
                     DQSG M=1 and M=3 (all-gather) against TF's strategy, 8
                     epochs: within 0.5 points, bits per element below 2.0
-                    and 3.5 (was tests/test_gradient_only.py).
+                    and 3.5 (was tests/integration/test_gradient_only.py).
 
 One fit takes about 15 s on two idle cores: all checks about 3 minutes.
 

@@ -6,7 +6,7 @@
   (scikit-learn's digits, MLP 64-256-10, Adam 4e-3, batch 128, 8 epochs,
   Keras seed 1 unless told); `sync_bn_mlp`, the same MLP with a synchronized
   BatchNormalization. benchmarks/nested_digits.py trains it, and the training tests
-  (tests/test_mirrored_training.py, tests/test_nested_allreduce.py) assert
+  (tests/integration/test_mirrored_training.py, tests/integration/test_nested_allreduce.py) assert
   accuracies with it through tests/digits_recipe.py, so every change to the
   model, the split or the seeds changes those tests' numbers.
 
@@ -113,8 +113,8 @@ def sync_bn_mlp(strategy, seed=0):
 
   64-256-10 with `BatchNormalization(synchronized=True, momentum=0.5)` and a
   ReLU after the hidden layer, Adam 4e-3: the model whose statistics must be
-  the global batch's (tests/test_gradient_only.py, and `make check-accuracy`'s
-  sync_bn check).
+  the global batch's (tests/integration/test_gradient_only.py, and `make
+  check-accuracy`'s sync_bn check).
 
   Args:
     strategy: a `tf.distribute.Strategy`; the model is built in its scope.

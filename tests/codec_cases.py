@@ -1,5 +1,5 @@
-"""The codecs and helpers shared by the codec tests (test_codecs.py,
-test_codec_adaptive.py, test_codec_config.py).
+"""The codecs and helpers shared by the codec tests (codecs/test_base.py,
+test_nested.py, test_dithered.py, test_bucketed.py, test_registry.py).
 
 Every codec is configured once, here, and the tests reuse a few tensor
 sizes: a codec compiles its encoder and decoder with XLA once per (size,

@@ -67,6 +67,14 @@ def _file_tiers():
   return tiers_of_test_files(_BUILD.read_text())
 
 
+def _build_path(item):
+  """The test file of `item` as tests/BUILD names it: relative to tests/."""
+  try:
+    return item.path.relative_to(_BUILD.parent).as_posix()
+  except ValueError:  # A file outside tests/: its name (BUILD lacks it).
+    return item.path.name
+
+
 def _inherited_from_tensorflow(item):
   function = getattr(item, "obj", None)
   return getattr(function, "__module__", "").startswith("tensorflow.")
@@ -82,8 +90,8 @@ def pytest_collection_modifyitems(config, items):
   tiers = _file_tiers()
   if tiers is None:
     return
-  untiered = sorted({item.path.name for item in items
-                     if len(tiers.get(item.path.name, set()) &
+  untiered = sorted({_build_path(item) for item in items
+                     if len(tiers.get(_build_path(item), set()) &
                             {"quick", "heavy"}) != 1})
   if untiered:
     raise pytest.UsageError(
@@ -91,7 +99,7 @@ def pytest_collection_modifyitems(config, items):
         "exactly one of \"quick\" and \"heavy\" (issue #31); these have "
         "not: %s" % ", ".join(untiered))
   for item in items:
-    for tier in sorted(tiers[item.path.name]):
+    for tier in sorted(tiers[_build_path(item)]):
       item.add_marker(getattr(pytest.mark, tier))
 
 

@@ -1,7 +1,7 @@
 """The digits MLP recipe shared by the training tests.
 
-tests/test_mirrored_training.py compares DQSG with float32 and
-tests/test_nested_allreduce.py compares NDQSG groups with DQSG: both
+tests/integration/test_mirrored_training.py compares DQSG with float32 and
+tests/integration/test_nested_allreduce.py compares NDQSG groups with DQSG: both
 comparisons must train the same model on the same split, so both use this
 one recipe (scikit-learn's digits, MLP 64-256-10, Adam 4e-3, batch 128,
 8 epochs, Keras seed 1 unless told). It lives in benchmarks/common.py, which

@@ -9,12 +9,13 @@ error fails CI although CI runs the tests with pytest, not Bazel:
    target that names a file that does not exist). Bazel 4 ends every
    `test --nobuild` with "Couldn't start the build. Unable to run tests" and
    exit 1, so that one line, after a completed analysis, is a success.
-2. Every test file (tests/test_*.py, tests/*_test.py) is in the `srcs` of a
-   `pytest_test`, and every other Python file of ndq_tf/ and tests/ is in the
-   `srcs` or `data` of some target of its package. A file that Bazel does
-   not know would be left out of `make bazel-test` without a word. Each
-   `pytest_test` of tests/ has exactly one of the tier tags "quick" and
-   "heavy" (tests/conftest.py turns the tags into pytest markers).
+2. Every test file (test_*.py, *_test.py, in tests/ or a subfolder of it
+   that has no BUILD file) is in the `srcs` of a `pytest_test`, and every
+   other Python file of ndq_tf/ and tests/ is in the `srcs` or `data` of
+   some target of its package. A file that Bazel does not know would be
+   left out of `make bazel-test` without a word. Each `pytest_test` of
+   tests/ has exactly one of the tier tags "quick" and "heavy"
+   (tests/conftest.py turns the tags into pytest markers).
 
 Step 2 reads the BUILD files as Python (Starlark's syntax is a subset), with
 each rule recording its arguments; step 1 has already proven them valid.
@@ -102,7 +103,7 @@ def untargeted_files(root=ROOT, packages=CHECKED):
           continue
         name = path.relative_to(package_dir).as_posix()
         label = "//%s:%s" % (package_dir.relative_to(root).as_posix(), name)
-        if TEST_FILE.match(path.name) and path.parent == package_dir:
+        if TEST_FILE.match(path.name):
           if name not in tests:
             problems.append("%s: a test file with no pytest_test target in "
                             "%s" % (label, build_file.relative_to(root)))

@@ -114,7 +114,7 @@ FAULTS = [
         symbol="lane_layout",
         old="bits = max_sum.bit_length()",
         new="bits = (max_sum - 1).bit_length()",
-        tests=["tests/test_lane_ops.py"]),
+        tests=["tests/ops/test_lane_ops.py"]),
     Fault(
         name="unpack_without_half_offset",
         what="Unpacking divides the word without its half offset, so words "
@@ -124,7 +124,7 @@ FAULTS = [
         symbol="unpack_planar_codes",
         old="value = value + 0.5",
         new="# value = value + 0.5  (fault: the half offset removed)",
-        tests=["tests/test_packing_ops.py"]),
+        tests=["tests/ops/test_packing_ops.py"]),
     Fault(
         name="sum_decode_one_dither",
         what="The all-reduce's decode of the summed codes subtracts the first "
@@ -134,7 +134,7 @@ FAULTS = [
         symbol="dithered_sum_dequantize",
         old="dither_sum(seeds, n)",
         new="dither_sum(seeds[:1], n)",
-        tests=["tests/test_sum_decode_ops.py"]),
+        tests=["tests/ops/test_sum_decode_ops.py"]),
     # -- codecs ---------------------------------------------------------------
     Fault(
         name="dqsg_decode_keeps_dither",
@@ -146,7 +146,7 @@ FAULTS = [
         symbol="DitheredCodec._dequantize",
         old="quantization_ops.dithered_dequantize(q, u, 1.0)",
         new="quantization_ops.half_dithered_dequantize(q, 1.0, q.dtype)",
-        tests=["tests/test_codecs.py"]),
+        tests=["tests/codecs/test_base.py"]),
     Fault(
         name="nan_bucket_decodes_finite",
         what="A bucket holding a NaN or an Inf gets the scale 0 instead of "
@@ -157,7 +157,7 @@ FAULTS = [
         symbol="bucket_scales",
         old="return tf.where(finite, kappa, nan)",
         new="return kappa",
-        tests=["tests/test_codecs.py"]),
+        tests=["tests/codecs/test_base.py"]),
     Fault(
         name="rotation_signs_not_regenerated",
         what="A rotated codec's receiver inverts the Hadamard transform "
@@ -168,9 +168,9 @@ FAULTS = [
         old=("self._signs(seed, yb.shape[0],\n"
              "                                                 yb.dtype)"),
         new="tf.ones_like(yb)",
-        # test_rotation is not tagged heavy but is long; these two decode
+        # test_bucketed is not tagged heavy but is long; these two decode
         # through the codec and compare with the input.
-        tests=["tests/test_rotation.py",
+        tests=["tests/codecs/test_bucketed.py",
                "-k", "spreads_an_outlier or rotated_dqsg_is_unbiased"]),
     Fault(
         name="qsgd_decode_ignores_levels",
@@ -181,7 +181,7 @@ FAULTS = [
         symbol="_StochasticRoundingCodec._dequantize",
         old="return q * (scales / self._levels)[:, None]",
         new="return q * scales[:, None]",
-        tests=["tests/test_codecs.py"]),
+        tests=["tests/codecs/test_base.py"]),
     # -- the exchange core ----------------------------------------------------
     Fault(
         name="sum_drops_last_sender",
@@ -192,7 +192,7 @@ FAULTS = [
         symbol="_fold",
         old="for tensor in tensors[1:]:",
         new="for tensor in tensors[1:-1]:",
-        tests=["tests/test_fusion_sum.py", "tests/test_fusion.py"]),
+        tests=["tests/core/test_fusion_sum.py", "tests/core/test_fusion_codec.py"]),
     Fault(
         name="seed_fold_step_plus_sender",
         what="The payload seed folds `step + sender` instead of the step then "
@@ -202,7 +202,7 @@ FAULTS = [
         symbol="derive_seed",
         old="ndq_ops.fold_seed(ndq_ops.fold_seed(base_seed, step), sender)",
         new="ndq_ops.fold_seed(base_seed, step + sender)",
-        tests=["tests/test_engine.py", "tests/test_fusion.py"]),
+        tests=["tests/core/test_engine.py", "tests/core/test_fusion_codec.py"]),
     Fault(
         name="nested_side_info_off_by_one",
         what="A nested sender's side information divides the sum of the "
@@ -215,7 +215,7 @@ FAULTS = [
         # The nested exchange's other tests rebuild their ground truth with
         # decode_senders itself; test_fusion's side-information test (added
         # for this fault, issue #31) computes the mean independently.
-        tests=["tests/test_fusion.py"]),
+        tests=["tests/core/test_fusion_codec.py"]),
     Fault(
         name="agreement_check_skipped",
         what="The workers' options check compares worker 0's config with "
@@ -228,7 +228,8 @@ FAULTS = [
         # test_agreement is heavy for its two-process jobs; this in-process
         # test drives check_agreement with a fake all-gather and expects the
         # mismatch error.
-        tests=["tests/test_agreement.py", "-k", "waits_for_its_peers"]),
+        tests=["tests/integration/test_agreement.py",
+               "-k", "waits_for_its_peers"]),
     Fault(
         name="tf_keras_gradients_unrecognised",
         what="Gradient aggregation is recognised by Keras 3's name scope "
@@ -240,7 +241,7 @@ FAULTS = [
         new="gradient = noted",
         # Only test_gradient_routes (heavy) trains through tf_keras; one
         # transport is enough.
-        tests=["tests/test_gradient_routes.py",
+        tests=["tests/integration/test_gradient_routes.py",
                "-k", "tf_keras_fit_compresses_with_the_same_bits and "
                      "all_gather"]),
     Fault(
@@ -253,7 +254,8 @@ FAULTS = [
         symbol="StrategyState._track_engine",
         old='self._track_trackable(engine, name="compression")',
         new='self._track_trackable(engine.telemetry, name="compression")',
-        tests=["tests/test_mirrored.py", "-k", "step_counter_is_saved"]),
+        tests=["tests/integration/test_mirrored.py",
+               "-k", "step_counter_is_saved"]),
     Fault(
         name="shards_reuse_dither",
         what="Every reduce-scatter shard draws the dither of the buffer's "
@@ -266,7 +268,8 @@ FAULTS = [
         new="((0, start, length, 0),)",
         # The variance test cannot see a reused dither (same variance); the
         # nested group's noise state must equal the all-gather's bit for bit.
-        tests=["tests/test_reduce_scatter.py", "-k", "nested_group_keeps"]),
+        tests=["tests/core/exchanges/test_reduce_scatter.py",
+               "-k", "nested_group_keeps"]),
     Fault(
         name="telemetry_lossless_bits",
         what="The telemetry counts every lossless element as 32 bits, "
@@ -276,7 +279,7 @@ FAULTS = [
         symbol="lossless_size",
         old="lossless_bits += n * v.dtype.size * 8",
         new="lossless_bits += n * 32",
-        tests=["tests/test_telemetry.py"]),
+        tests=["tests/core/test_telemetry.py"]),
     Fault(
         name="auto_checks_first_codec_only",
         what="transport='auto' looks only at the first sender's codec, the "
@@ -287,7 +290,7 @@ FAULTS = [
         symbol="auto",
         old="for c in base.sender_codecs(codec, num_workers))",
         new="for c in base.sender_codecs(codec, num_workers)[:1])",
-        tests=["tests/test_options.py"]),
+        tests=["tests/distribute/test_options.py"]),
     # -- keras and cluster ----------------------------------------------------
     Fault(
         name="loss_scale_local_flag",
@@ -301,7 +304,7 @@ FAULTS = [
         new="grads = [_poison(g, bad > 0) for g in grads]",
         # Only test_mirrored_training (heavy) trains with a NaN on one
         # replica; the one test needed.
-        tests=["tests/test_mirrored_training.py",
+        tests=["tests/integration/test_mirrored_training.py",
                "-k", "skips_a_step_with_a_nan"]),
     Fault(
         name="launcher_ports_off_by_one",
@@ -313,7 +316,7 @@ FAULTS = [
         old="ports = [port + i for i in range(num_workers)]",
         new="ports = [port + i for i in range(1, num_workers + 1)]",
         # The rest of test_launch waits for children that sleep.
-        tests=["tests/test_launch.py", "-k", "port_puts_worker_i"]),
+        tests=["tests/cluster/test_launch.py", "-k", "port_puts_worker_i"]),
 ]
 
 # The statuses of a fault.

@@ -41,8 +41,16 @@ def read_run(path):
 
 
 def _file(test_id):
-  # classname is "tests.test_x" or "tests.test_x.TestClass".
+  """The test file of `test_id`, relative to tests/ ("core/test_engine.py").
+
+  Its classname is "tests.test_x", "tests.core.test_x" or either with
+  ".TestClass" appended (the tests mirror ndq_tf/ since #33: a run before
+  that has only top-level files).
+  """
   parts = test_id.split("::")[0].split(".")
+  for i, part in enumerate(parts[1:], start=1):
+    if part.startswith("test_") or part.endswith("_test"):
+      return "/".join(parts[1:i + 1]) + ".py"
   return parts[1] + ".py" if len(parts) > 1 else parts[0]
 
 

@@ -43,8 +43,8 @@ in one XLA-compiled computation (`fusion_sum.sum_stacked`). A chain of
 different devices, so that the last bits differ; the compiled fold has one
 order, the bits of `tf.reduce_sum(tf.stack(...), axis=0)` (which was used
 before it, 2.4-2.6 times slower alone) below 16 senders, and
-tests/test_mirrored.py checks the replicas bit for bit: every receiver
-obtains bitwise the same sum, so mirrored variables stay identical.
+tests/integration/test_mirrored.py checks the replicas bit for bit: every
+receiver obtains bitwise the same sum, so mirrored variables stay identical.
 Senders whose codec needs side information (nested codecs) are decoded with
 side information = the mean of everything decoded before them, so put the
 reference senders first (the paper's Algorithm 2); this ordering rule lives

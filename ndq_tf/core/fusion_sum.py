@@ -6,7 +6,7 @@ same sum (`ndq_tf.core.fusion`), in one pass over the buffers.
 
 Its bits are those of `tf.reduce_sum(tf.stack(tensors), axis=0)`, which this
 module used before, and which adds the rows in order to `+0`, for fewer
-than 16 buffers (tests/test_fusion_sum.py checks it, zeros, infinities and
+than 16 buffers (tests/core/test_fusion_sum.py checks it, zeros, infinities and
 NaNs included); from 16 buffers on TF's kernel re-associates, by the CPU's
 vector width, and the fold does not. The stack and the reduction took 1.56
 ms for two buffers of 10**6 values, the fold 0.60 ms (docs/benchmarks.md).

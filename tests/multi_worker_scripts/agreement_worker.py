@@ -1,4 +1,4 @@
-"""One worker of the options-agreement tests (tests/test_agreement.py).
+"""One worker of the agreement tests (tests/integration/test_agreement.py).
 
 Worker 1 builds `ndq_tf.MultiWorkerMirroredStrategy` with one setting
 changed per case (`CASES`); each case must fail on every worker when the

@@ -1,4 +1,6 @@
-"""One worker of tests/test_all_reduce_multi_worker.py (started by `ndq_tf.launch`).
+"""One worker of tests/integration/test_all_reduce_multi_worker.py.
+
+Started by `ndq_tf.launch`.
 
 Issue #11 on real worker processes: `model.fit` for `--steps` steps under
 `ndq_tf.MultiWorkerMirroredStrategy(codec, exchange=...)` on a small

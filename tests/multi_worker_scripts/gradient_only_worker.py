@@ -1,4 +1,6 @@
-"""One worker of tests/test_gradient_only_multi_worker.py (started by `ndq_tf.launch`).
+"""One worker of tests/integration/test_gradient_only_multi_worker.py.
+
+Started by `ndq_tf.launch`.
 
 Issue #13 on real worker processes: only gradient aggregation is compressed;
 synchronized BatchNormalization statistics, metrics, `strategy.reduce` and

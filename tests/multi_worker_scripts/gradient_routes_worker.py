@@ -1,9 +1,10 @@
 """Every route by which TensorFlow users aggregate gradients (issue #19).
 
-Imported by tests/test_gradient_routes.py (MirroredStrategy, in the test
-process) and run as a script, in a fresh process, by
-tests/test_gradient_routes.py (MirroredStrategy with
-`TF_USE_LEGACY_KERAS=1`) and tests/test_gradient_routes_multi_worker.py
+Imported by tests/integration/test_gradient_routes.py (MirroredStrategy, in
+the test process) and run as a script, in a fresh process, by
+tests/integration/test_gradient_routes.py (MirroredStrategy with
+`TF_USE_LEGACY_KERAS=1`) and
+tests/integration/test_gradient_routes_multi_worker.py
 (`ndq_tf.MultiWorkerMirroredStrategy`, two workers started by
 `ndq_tf.launch`).
 
@@ -33,7 +34,8 @@ the first replica's variables (compared across workers by the test).
 
 As a script: `--strategy mirrored|multi_worker --transport T --routes a,b`
 prints one line `GRADIENT_ROUTES {"worker": i, "results": {route: ...}}`.
-One strategy per process (see tests/test_all_reduce_multi_worker.py).
+One strategy per process (see
+tests/integration/test_all_reduce_multi_worker.py).
 """
 
 import argparse

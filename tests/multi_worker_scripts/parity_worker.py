@@ -1,8 +1,8 @@
-"""The checks of tests/test_strategy_parity.py, for either compressed strategy.
+"""The checks of tests/integration/test_strategy_parity.py, for either strategy.
 
 `run_checks(make_strategy, out_dir)` runs every parity check with strategies
 built by `make_strategy(codec, **kwargs)` and returns a JSON-able dict.
-tests/test_strategy_parity.py calls it in its own process with
+tests/integration/test_strategy_parity.py calls it in its own process with
 `ndq_tf.MirroredStrategy` on two logical CPUs; run as a script (on every
 worker of a 2-worker job started by `ndq_tf/launch.py`), it calls it with
 `ndq_tf.MultiWorkerMirroredStrategy` and prints one line

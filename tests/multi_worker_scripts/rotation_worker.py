@@ -1,4 +1,6 @@
-"""One worker of tests/test_rotation_multi_worker.py (started by `ndq_tf.launch`).
+"""One worker of tests/integration/test_rotation_multi_worker.py.
+
+Started by `ndq_tf.launch`.
 
 Issue #17 on real worker processes: `--steps` compressed all-reduces of a
 fixed per-worker gradient under `ndq_tf.MultiWorkerMirroredStrategy` with

@@ -1,4 +1,6 @@
-"""One worker of tests/test_steps_per_execution.py (started by `ndq_tf.launch`).
+"""One worker of tests/integration/test_steps_per_execution.py.
+
+Started by `ndq_tf.launch`.
 
 Trains the same tiny MLP twice with `ndq_tf.MultiWorkerMirroredStrategy` and
 `model.fit`: once with `steps_per_execution=4`, once with 1, from the same

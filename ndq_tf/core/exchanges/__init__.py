@@ -29,8 +29,8 @@ Adding an exchange:
    (`ndq_tf.distribute.cross_device_ops`, `ndq_tf.distribute.multi_worker`)
    build it and hand it to `ExchangeEngine.exchange` in its `transports`,
    keyed by the exchange's name.
-4. Tests: its declarations in tests/test_exchanges.py, its cost model
-   against the tensors it really sends in tests/test_exchange_cost.py, and
+4. Tests: its declarations in tests/core/exchanges/test_base.py, its cost model
+   against the tensors it really sends in tests/core/test_cost_model.py, and
    the strategies' sums under `exchange=<name>`.
 """
 

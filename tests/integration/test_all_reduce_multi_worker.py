@@ -1,0 +1,355 @@
+"""The integer all-reduce transport (#11) on real worker processes.
+
+`ndq_tf.MultiWorkerMirroredStrategy(codec, exchange=...)` in local jobs of
+2 and 3 workers on 127.0.0.1 (one CPU device each), started through
+`ndq_tf/launch.py` by `multi_worker_job.MultiWorkerJob` and bounded by the
+launcher's `--timeout`. Every worker runs
+tests/multi_worker_scripts/all_reduce_worker.py: `model.fit` of a
+32-64-2 MLP whose only compressed gradient is the 32x64 kernel (the others
+are below `min_elements` and travel losslessly beside it).
+
+Jobs, started once for the file in two waves (at most 10 TensorFlow
+processes at a time on this 2-core machine), ONE strategy per worker
+process: a second `MultiWorkerMirroredStrategy` after a first one's
+`model.fit` hung in TF's broadcast of its first variable's initial value
+(`collective_bcast_send`/`_recv`, after "Enabling collective ops after
+program startup") in 4 of 5 such jobs run beside another job (never in
+the 2 run alone).
+
+* `p2`, `p3`: 10 steps with `exchange="all_reduce"` on 2 and 3 workers
+  (jobs of 4 and 8 workers were dropped for time, issue #31: the lane
+  widths of every P are tests/ops/test_lane_ops.py's, and 8 TensorFlow
+  processes cost about as much CPU as the rest of the file);
+* `auto2`: 3 steps with `exchange="auto"` on 2 workers, where the time
+  model picks the all-gather (test_reduce_scatter_multi_worker.py's `p3`
+  asks for `"auto"` on 3, where it picks the reduce-scatter);
+* `die`: `exchange="all_reduce"`; worker 1 exits with code 3 at the start
+  of step 5;
+* `step_offset`: `exchange="all_reduce"`; worker 1's compression step
+  starts `STEP_OFFSET` ahead, past the 24 bits of a float32 stamp word.
+
+The expected telemetry is computed here from the shapes the workers report,
+with `ndq_tf.theory` and the fusion plan, as `engine._record` does: the
+cost model's bits for the compressed buffer plus a float32 ring's for the
+lossless values.
+"""
+
+import importlib.util
+import math
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import multi_worker_job
+from ndq_tf.core import cost_model
+from ndq_tf.core import fusion
+from ndq_tf.distribute import options as options_lib
+
+WORKER = os.path.join(multi_worker_job.ROOT, "tests", "multi_worker_scripts",
+                      "all_reduce_worker.py")
+MARKER = "ALL_REDUCE"
+CODEC = "dqsg:num_levels=1"
+STEPS = 10
+AUTO_STEPS = 3
+DIE_AT_STEP = 5
+# Worker 1's head start: the stamp splits a step into its low 24 bits and
+# the rest, so both halves differ here.
+STEP_OFFSET = 2**24 + 3
+JOB_TIMEOUT = 300  # Seconds, for each launcher.
+# Seconds a failing job may take from the worker's death to the launcher's
+# exit: it stops the others at once (2 s of grace); a worker left waiting
+# in a collective would wait 120 s (the workers' collective timeout).
+STOP_WITHIN = 30
+
+
+def _load_worker():
+  spec = importlib.util.spec_from_file_location("all_reduce_worker", WORKER)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+worker = _load_worker()
+
+# name: (workers, transport, worker arguments)
+FIRST_WAVE = {
+    "p3": (3, "all_reduce", ["--steps", str(STEPS)]),
+    "p2": (2, "all_reduce", ["--steps", str(STEPS)]),
+}
+SECOND_WAVE = {
+    "auto2": (2, "auto", ["--steps", str(AUTO_STEPS)]),
+    "die": (2, "all_reduce", ["--steps", str(STEPS), "--die_at_step",
+                              str(DIE_AT_STEP), "--die_worker", "1"]),
+    "step_offset": (2, "all_reduce", ["--steps", "3", "--step_offset",
+                                      str(STEP_OFFSET)]),
+}
+# The exchange in chunks of one bucket (issue #12): the compressed kernel
+# (2048 values) travels as 4 chunks; the weights must be those of the
+# unchunked jobs `auto2` (the all-gather, 3 steps) and `p2` (all-reduce).
+CHUNK = 512
+THIRD_WAVE = {
+    "chunks_ag": (2, "all_gather", ["--steps", str(AUTO_STEPS),
+                                    "--chunk_elements", str(CHUNK)]),
+    "chunks_ar": (2, "all_reduce", ["--steps", str(STEPS),
+                                    "--chunk_elements", str(CHUNK)]),
+}
+WAVES = (FIRST_WAVE, SECOND_WAVE, THIRD_WAVE)
+FAILING = ("die", "step_offset")
+JOBS = dict(FIRST_WAVE, **SECOND_WAVE, **THIRD_WAVE)
+AUTO_JOBS = ("auto2",)
+
+
+class _FailingRun:
+  """A launcher run expected to fail: its exit code, output and end time.
+
+  Like `multi_worker_job.MultiWorkerJob` (output to a file, SIGTERM to
+  stop), but it keeps a failing job's exit code and log for the test and
+  notes the wall-clock time the launcher exited (a thread waits for it).
+  """
+
+  def __init__(self, args, out_dir, num_workers, timeout):
+    self._timeout = timeout
+    cmd = [sys.executable, multi_worker_job.LAUNCH, "--num_workers",
+           str(num_workers), "--timeout", str(timeout), "--grace", "2", "--",
+           sys.executable, WORKER] + list(args)
+    self._log_path = os.path.join(str(out_dir), "job.log")
+    self.started = time.time()
+    with open(self._log_path, "w") as log:
+      self._proc = subprocess.Popen(cmd, env=multi_worker_job.env(),
+                                    cwd=multi_worker_job.ROOT, text=True,
+                                    stdout=log, stderr=subprocess.STDOUT)
+    self.ended = None
+    self._waiter = threading.Thread(target=self._wait, daemon=True)
+    self._waiter.start()
+
+  def _wait(self):
+    self._proc.wait()
+    self.ended = time.time()
+
+  def result(self):
+    """(exit code, output); the job is stopped if it outlives its timeout."""
+    self._waiter.join(self._timeout + 30)
+    if self._proc.poll() is None:
+      self.stop()
+      self._waiter.join(30)
+    with open(self._log_path) as log:
+      return self._proc.returncode, log.read()
+
+  def stop(self):
+    if self._proc.poll() is None:
+      self._proc.terminate()
+      try:
+        self._proc.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        self._proc.kill()
+        self._proc.wait(timeout=30)
+
+
+class _Jobs:
+  """Every job of a file; a wave starts once the one before is done.
+
+  Args:
+    tmp_path_factory: pytest's, for the jobs' directories.
+    waves: `{name: (num_workers, transport, args)}` per wave, in order.
+    failing: the names of the jobs expected to fail (`_FailingRun`).
+    prefix: the start of the jobs' directory names.
+  """
+
+  def __init__(self, tmp_path_factory, waves=WAVES, failing=FAILING,
+               prefix="all_reduce"):
+    self._tmp = tmp_path_factory
+    self._waves = waves
+    self._failing = failing
+    self._prefix = prefix
+    self._jobs = {}
+    self._waves_started = 1
+    self._start(waves[0])
+
+  def _start(self, wave):
+    for name, (num_workers, transport, args) in wave.items():
+      args = ["--codec", CODEC, "--transport", transport] + args
+      out_dir = self._tmp.mktemp(f"{self._prefix}_{name}")
+      if name in self._failing:
+        self._jobs[name] = _FailingRun(args, out_dir, num_workers,
+                                       JOB_TIMEOUT)
+      else:
+        self._jobs[name] = multi_worker_job.MultiWorkerJob(
+            WORKER, args, out_dir, MARKER, num_workers=num_workers,
+            timeout=JOB_TIMEOUT, name=name)
+
+  def _start_next_wave(self):
+    for name in self._waves[self._waves_started - 1]:
+      job = self._jobs[name]
+      try:
+        if name in self._failing:
+          job.result()
+        else:
+          job.results()
+      except pytest.fail.Exception:
+        pass  # Reported by the tests of that job.
+    self._start(self._waves[self._waves_started])
+    self._waves_started += 1
+
+  def __getitem__(self, name):
+    while name not in self._jobs:
+      self._start_next_wave()
+    return self._jobs[name]
+
+  def stop(self):
+    for job in self._jobs.values():
+      job.stop()
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+  started = _Jobs(tmp_path_factory)
+  try:
+    yield started
+  finally:
+    started.stop()
+
+
+def _expected(shapes, num_workers, transport):
+  """(buffer length n, link bits) of one exchange of gradients of `shapes`.
+
+  The gradients of at least `min_elements` values are fused into one
+  buffer of whole buckets; the others (float32) cost a float ring's
+  `2(P - 1)/P` of their bits.
+  """
+  options = options_lib.CompressionOptions(CODEC)
+  sizes = [int(np.prod(s)) for s in shapes]
+  compressed = [tf.zeros(s) for s, k in zip(shapes, sizes)
+                if k >= options.min_elements]
+  lossless = sum(k for k in sizes if k < options.min_elements)
+  n = fusion.FusionPlan.from_tensors(compressed,
+                                     options.codec.bucket_size).total_size
+  ring = 2.0 * (num_workers - 1) / num_workers
+  codecs = options.sender_codecs(num_workers)
+  codec = codecs if transport == "all_gather" else options.codec
+  bits = (round(cost_model.exchange_bits(codec, n, num_workers, transport))
+          + round(32 * lossless * ring))
+  return n, bits
+
+
+def _auto_transport(shapes, num_workers):
+  """What `exchange="auto"` should pick for gradients of `shapes`."""
+  options = options_lib.CompressionOptions(CODEC)
+  n, _ = _expected(shapes, num_workers, "all_gather")
+  return cost_model.auto(options.sender_codecs(num_workers), n,
+                               num_workers)
+
+
+def _check_training(results, num_workers, transport, steps):
+  """One strategy's results on every worker: identical weights, telemetry."""
+  shapes = _shapes()
+  n, link_bits = _expected(shapes, num_workers, transport)
+  assert n == worker.INPUTS * worker.HIDDEN  # Whole buckets already.
+  for i, r in enumerate(results):
+    assert r["shapes"] == shapes
+    # Bitwise the same weights on every worker (SHA-256 of each array).
+    assert r["weights"] == results[0]["weights"], f"worker {i}"
+    assert math.isfinite(r["loss"]), r["loss"]
+    assert r["step"] == steps
+    stats = r["stats"]
+    assert stats["transport"] == transport
+    assert stats["exchange_count"] == steps
+    assert stats["senders"] == num_workers and stats["local_senders"] == 1
+    assert stats["compressed_elements"] == n
+    assert stats["lossless_elements"] == (
+        sum(int(np.prod(s)) for s in shapes) - n)
+    assert stats["uncompressed_gradient_reductions"] == 0
+    assert stats["lossless_fallbacks"] == 0
+    assert stats["model_link_bits"] == link_bits, (stats, link_bits)
+
+
+def _shapes():
+  """The worker's trainable weights: Dense(32 -> 64), Dense(64 -> 2)."""
+  return [[worker.INPUTS, worker.HIDDEN], [worker.HIDDEN],
+          [worker.HIDDEN, worker.CLASSES], [worker.CLASSES]]
+
+
+@pytest.mark.parametrize("name", ["p2", "p3"])
+def test_fit_all_reduce_keeps_workers_bitwise_identical(jobs, name):
+  """10 `model.fit` steps summed as integer codes: the same weights.
+
+  Every worker decodes the same integer sum with the same shared scales,
+  so the weights agree to the bit; the telemetry reports the all-reduce
+  on every step and the cost model's link bits.
+  """
+  num_workers = JOBS[name][0]
+  results = jobs[name].results()
+  assert len(results) == num_workers
+  _check_training(results, num_workers, "all_reduce", STEPS)
+
+
+@pytest.mark.parametrize("name", AUTO_JOBS)
+def test_auto_picks_the_cost_models_transport(jobs, name):
+  num_workers, transport, _ = JOBS[name]
+  assert transport == "auto"
+  results = jobs[name].results()
+  _check_training(results, num_workers,
+                  _auto_transport(results[0]["shapes"], num_workers),
+                  AUTO_STEPS)
+
+
+def test_time_model_picks_the_all_gather_on_two_workers():
+  """What `auto2` relies on (3 workers: the reduce-scatter's `p3`)."""
+  assert _auto_transport(_shapes(), 2) == "all_gather"
+  for num_workers in (3, 4, 8):
+    assert _auto_transport(_shapes(), num_workers) == "reduce_scatter"
+
+
+def test_dying_worker_stops_the_job_with_its_exit_code(jobs):
+  """Worker 1 exits mid-job; worker 0, in the step's collectives, is stopped."""
+  run = jobs["die"]
+  code, output = run.result()
+  assert code == 3, output  # The dying worker's code.
+  assert f"worker 1 dies at step {DIE_AT_STEP}" in output, output
+  assert "[launch] worker 1 failed with exit code 3" in output, output
+  assert f"] {MARKER} {{" not in output, output  # Nobody finished.
+  assert run.ended is not None
+  # Well before the launcher's timeout: shortly after the death.
+  died = _died_at(output)
+  assert run.ended - died < STOP_WITHIN, (run.ended - died, output[-5000:])
+  assert run.ended - run.started < JOB_TIMEOUT - STOP_WITHIN
+
+
+def _died_at(output):
+  """When the dying worker printed its last line (its `time.time()`)."""
+  match = re.search(r"worker 1 dies at step \d+ at ([0-9.]+)", output)
+  assert match, output[-5000:]
+  return float(match.group(1))
+
+
+def test_workers_at_different_steps_fail_naming_both_steps(jobs):
+  code, output = jobs["step_offset"].result()
+  assert code != 0, output
+  assert "workers disagree on the compression step" in output, output
+  assert (f"the largest step is] [{STEP_OFFSET}] [and the smallest] [0]"
+          in output), output[-5000:]
+  assert f"] {MARKER} {{" not in output, output
+
+
+@pytest.mark.parametrize("name, unchunked", [("chunks_ag", "auto2"),
+                                             ("chunks_ar", "p2")])
+def test_chunked_exchange_leaves_the_weights_of_one_exchange(jobs, name,
+                                                             unchunked):
+  """Chunks of one bucket, on both transports: the unchunked job's bits."""
+  num_workers, transport, _ = JOBS[name]
+  steps = AUTO_STEPS if name == "chunks_ag" else STEPS
+  results = jobs[name].results()
+  for r in results:
+    assert r["stats"]["transport"] == transport
+    assert r["stats"]["exchange_count"] == steps
+  reference = jobs[unchunked].results()
+  assert [r["weights"] for r in results] == [r["weights"] for r in reference]
+  if transport == "all_gather":  # Every chunk's row has its own header.
+    assert (results[0]["stats"]["sent_bits"]
+            > reference[0]["stats"]["sent_bits"])
