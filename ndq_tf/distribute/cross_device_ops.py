@@ -287,10 +287,8 @@ class CompressedAllReduce(DeprecatedTelemetry, tf.distribute.CrossDeviceOps,
           f"get_config cannot serialize a custom `fallback`. Received: "
           f"fallback={self._fallback!r}; pass it again to the constructor "
           f"instead of using from_config.")
-    config = self._options.get_config()
-    for field, key in _STORED_AS.items():
-      if field in config:
-        config[key] = config.pop(field)
+    config = options_lib.config_under_keys(self._options.get_config(),
+                                           **_STORED_AS)
     config["name"] = self.name
     return config
 

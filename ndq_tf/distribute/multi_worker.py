@@ -475,9 +475,8 @@ class MultiWorkerMirroredStrategy(_BASES.CollectiveAllReduceStrategy,
     Under the keys of release 0.1.0: `exchange` as `"transport"`,
     `reference_group` as `"reference_workers"`.
     """
-    config = self._compression.get_config()
-    if "reference_group" in config:
-      config["reference_workers"] = config.pop("reference_group")
+    config = options_lib.config_under_keys(
+        self._compression.get_config(), reference_group="reference_workers")
     config["cluster_timeout"] = self._cluster_timeout
     return config
 

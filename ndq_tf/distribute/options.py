@@ -523,6 +523,24 @@ def stored_config(config, **stored_as):
   return config
 
 
+def config_under_keys(config, **stored_as):
+  """`config` with the fields in `stored_as` renamed to their stored keys.
+
+  The inverse of `stored_config`, for the strategies' own keys (e.g.
+  `reference_group="reference_workers"`); `get_config` already stores
+  `exchange` as `"transport"`.
+
+  Args:
+    config: a `get_config` dict (not modified).
+    **stored_as: `field=key` pairs.
+  """
+  config = dict(config)
+  for field, key in stored_as.items():
+    if field in config:
+      config[key] = config.pop(field)
+  return config
+
+
 def arguments(who, *entries, keyword_only=None, renamed=()):
   """The `arguments_lib.Arguments` of a constructor taking these fields.
 
