@@ -22,6 +22,7 @@ _NAMES = {
     "HalfDitheredCodec": "ndq_tf.codecs",
     "NestedDitheredCodec": "ndq_tf.codecs",
     "Payload": "ndq_tf.codecs",
+    "PowerSGD": "ndq_tf.codecs",
     "QSGDCodec": "ndq_tf.codecs",
     "TernGradCodec": "ndq_tf.codecs",
     "CompressedAllReduce": "ndq_tf.distribute",

@@ -28,7 +28,7 @@ def serialize(codec):
   return keras.saving.serialize_keras_object(codec)
 
 
-def get(identifier):
+def get(identifier, names=None):
   """Returns a codec from a codec, a Keras config dict or a spec string.
 
   A spec string is a short name optionally followed by `:` and keyword
@@ -38,6 +38,8 @@ def get(identifier):
 
   Args:
     identifier: a `Codec`, a dict from `serialize`, or a spec string.
+    names: the short names and their classes; default `NAMES`
+      (`ndq_tf.codecs.get` adds `powersgd`).
 
   Returns:
     A `Codec`.
@@ -45,11 +47,13 @@ def get(identifier):
   Raises:
     ValueError: for an unknown name or a malformed spec.
   """
-  if isinstance(identifier, base.Codec):
+  names = NAMES if names is None else names
+  kinds = tuple({base.Codec, *names.values()})
+  if isinstance(identifier, kinds):
     return identifier
   if isinstance(identifier, dict):
     codec = keras.saving.deserialize_keras_object(identifier)
-    if not isinstance(codec, base.Codec):
+    if not isinstance(codec, kinds):
       raise ValueError(
           f"`identifier` must describe an ndq_tf codec. Received: "
           f"identifier={identifier!r}.")
@@ -60,10 +64,10 @@ def get(identifier):
         f"identifier={identifier!r}.")
   name, _, args = identifier.partition(":")
   name = name.strip().lower()
-  if name not in NAMES:
+  if name not in names:
     raise ValueError(
         f"Unknown codec name {name!r} in identifier={identifier!r}. Valid "
-        f"names: {', '.join(sorted(NAMES))}.")
+        f"names: {', '.join(sorted(names))}.")
   kwargs = {}
   for item in filter(None, (a.strip() for a in args.split(","))):
     key, sep, value = item.partition("=")
@@ -82,6 +86,6 @@ def get(identifier):
             f"{identifier!r}.") from None
       kwargs[key.strip()] = value
   try:
-    return NAMES[name](**kwargs)
+    return names[name](**kwargs)
   except TypeError as e:
     raise ValueError(f"Bad arguments in identifier={identifier!r}: {e}") from e

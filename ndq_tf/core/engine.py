@@ -41,6 +41,7 @@ from ndq_tf.core import exchanges
 from ndq_tf.core import fingerprint
 from ndq_tf.core import fusion_codec
 from ndq_tf.core import fusion_plan
+from ndq_tf.core import low_rank
 from ndq_tf.core import nested_state
 from ndq_tf.core import ready_order
 from ndq_tf.core import scope
@@ -103,12 +104,15 @@ class ExchangeEngine(tf.Module):
     self._device = device
     with tf.init_scope(), tf.device(device):
       self.step = tf.Variable(0, dtype=tf.int32, trainable=False, name="step")
-    self.telemetry = telemetry_lib.Telemetry(options.transport, options.nested,
-                                             device=device)
+    self.telemetry = telemetry_lib.Telemetry(
+        options.transport, options.nested, device=device,
+        low_rank=options.low_rank is not None)
     self.nested_state = (nested_state.NestedStateStore(device)
                          if options.nested else None)
     self.feedback = (exchanges.feedback.FeedbackStore(device)
                      if options.reduce_scatter_error_feedback else None)
+    self.low_rank = (low_rank.LowRankStore(device)
+                     if options.low_rank is not None else None)
 
   @property
   def options(self):
@@ -274,19 +278,48 @@ class ExchangeEngine(tf.Module):
       One list of summed tensors (the senders' shapes and dtypes) per
       receiver of the transport, in its order.
     """
-    options = self._options
     mean = _as_reduce_op(reduce_op) == tf.distribute.ReduceOp.MEAN
-    num_senders = transports["all_gather"].num_senders
     # Fused in the order the backward pass produces them: chunk 0 then
     # needs only the last layers' gradients (`ready_order`).
     order = ready_order.ready_order(len(senders[0].tensors))
     senders = [x._replace(tensors=ready_order.in_ready_order(x.tensors, order))
                for x in senders]
+    with tf.device(self._device):
+      step = self.step.read_value()
+    if self._options.low_rank is not None:
+      results = low_rank.exchange(self, transports, senders, step, mean,
+                                  divisor, lossless_values)
+    else:
+      results = self.run_round(self._options, transports, senders, step,
+                               mean=mean, divisor=divisor,
+                               lossless_values=lossless_values)
+    with tf.device(self._device):
+      self.step.assign_add(1)
+    return [ready_order.in_call_order(r, order) for r in results]
+
+  def run_round(self, options, transports, senders, step, mean=False,
+                divisor=None, lossless_values=(), round_tag=0,
+                telemetry=None):
+    """One exchange of the senders' tensors with `options`' codecs.
+
+    Args:
+      options: the options of this exchange (the engine's, or a low-rank
+        round's, `CompressionOptions.round_options`).
+      transports, senders, divisor, lossless_values: as for `exchange`.
+      step: the step counter's value.
+      mean: whether to divide the sum by `divisor` (or the senders).
+      round_tag: 0, or the round of a low-rank exchange: added to the
+        base seed's second word, and to the fingerprint.
+      telemetry: what `ExchangeContext.record` records into (default the
+        engine's telemetry).
+
+    Returns:
+      One list of summed tensors per receiver.
+    """
+    num_senders = transports["all_gather"].num_senders
     codecs = options.sender_codecs(num_senders)
     plan = fusion_plan.FusionPlan.from_tensors(senders[0].tensors,
                                                codecs[0].bucket_size)
-    with tf.device(self._device):
-      step = self.step.read_value()
     model = cost_model.time_model([x.device for x in senders],
                                  transports["all_gather"].shared_memory)
     kind = options.resolve_transport(num_senders, plan.total_size, **model)
@@ -297,19 +330,22 @@ class ExchangeEngine(tf.Module):
                  kind, plan.total_size, cost_model.summary(
                      codecs, plan.total_size, num_senders, **model))
     # What every receiver must agree on, checked by the transports; with
-    # senders in other processes, also what their TensorFlow decodes.
-    mark = fingerprint.fingerprint(options, plan.signature, kind,
-                                   decoded_bits=num_senders > len(senders))
+    # senders in other processes, also what their TensorFlow decodes. The
+    # engine's options (a low-rank round's included).
+    mark = fingerprint.fingerprint(
+        self._options, plan.signature,
+        kind + (f":round{round_tag}" if round_tag else ""),
+        decoded_bits=num_senders > len(senders))
     lossless_elements, lossless_bits = telemetry_lib.lossless_size(
         lossless_values)
+    base_seed = self._base_seed()
     context = exchanges.ExchangeContext(
         options=options, step=step, fingerprint=mark,
-        base_seed=self._base_seed(), device=self._device,
-        telemetry=self.telemetry, nested_state=self.nested_state,
-        feedback=self.feedback, mean=mean, divisor=divisor,
-        lossless_elements=lossless_elements, lossless_bits=lossless_bits)
-    results = exchanges.get(kind).run(context, transports[kind], codecs,
-                                      plan, senders)
-    with tf.device(self._device):
-      self.step.assign_add(1)
-    return [ready_order.in_call_order(r, order) for r in results]
+        base_seed=(base_seed[0], base_seed[1] + round_tag),
+        device=self._device,
+        telemetry=self.telemetry if telemetry is None else telemetry,
+        nested_state=self.nested_state, feedback=self.feedback, mean=mean,
+        divisor=divisor, lossless_elements=lossless_elements,
+        lossless_bits=lossless_bits)
+    return exchanges.get(kind).run(context, transports[kind], codecs,
+                                   plan, senders)

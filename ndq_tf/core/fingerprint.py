@@ -129,6 +129,8 @@ def decode_digest(options):
     A string, e.g. `"3f0c9a12"` or `"3f0c9a12,77e1d0b4"`.
   """
   codecs = [options.codec]
+  if options.low_rank is not None:  # `ndq_tf.PowerSGD`: its two codecs.
+    codecs = [options.low_rank.fallback_codec, options.low_rank.factor_codec]
   if options.nested:
     codecs.append(options.reference_codec)
   parts = []

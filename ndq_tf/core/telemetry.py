@@ -76,6 +76,16 @@ reference worker: zeros):
   RMS would overload per nested element; 0 when none was sent nested.
 * `fallback_fraction`: buckets of the nested senders sent as DQSG; 0
   without nested senders here.
+
+With a low-rank codec (`ndq_tf.PowerSGD`), whose exchange runs up to three
+rounds (the fallback codec's tensors, then the factors `P` and `Q`), the
+counters above add the rounds up (`transport` is the factors' exchange, or
+the fallback's during the warm-up), and:
+
+* `rank`: the largest rank of the matrices sent low rank (0 in the
+  warm-up);
+* `low_rank_fraction`: the fraction of the compressed elements sent as
+  factors.
 """
 
 import tensorflow as tf
@@ -112,6 +122,7 @@ DEPRECATED_KEYS = {
 TRANSPORT_NAMES = exchanges.NAMES
 NESTED_KEYS = ("overloads", "nested_elements", "overload_rate",
                "overload_probability", "fallback_fraction")
+LOW_RANK_KEYS = ("rank", "low_rank_fraction")
 
 _COUNTERS = ("senders", "local_senders", "sent_bits", "payload_bits",
              "link_bits", "compressed_elements", "lossless_elements")
@@ -119,6 +130,7 @@ _CUMULATIVE = ("uncompressed_gradient_reductions", "lossless_fallbacks",
                "unrecognised_gradient_steps")
 _NESTED_COUNTERS = ("overloads", "nested_elements", "fallback_buckets",
                     "nested_buckets")
+_LOW_RANK_COUNTERS = ("rank", "low_rank_elements")
 
 
 class Telemetry(tf.Module):
@@ -128,18 +140,22 @@ class Telemetry(tf.Module):
     transport: the transport option (reported until the first exchange).
     nested: whether to keep the nested counters.
     device: where the variables live.
+    low_rank: whether to keep the low-rank counters.
   """
 
-  def __init__(self, transport, nested, device="/device:CPU:0"):
+  def __init__(self, transport, nested, device="/device:CPU:0",
+               low_rank=False):
     super().__init__(name="telemetry")
     self._transport = transport
     self._nested = nested
+    self._low_rank = low_rank
     self._device = device
     with tf.init_scope(), tf.device(device):
       self._counters = {
           key: tf.Variable(0, dtype=tf.int64, trainable=False, name=key)
           for key in (_COUNTERS + _CUMULATIVE
-                      + (_NESTED_COUNTERS if nested else ()))}
+                      + (_NESTED_COUNTERS if nested else ())
+                      + (_LOW_RANK_COUNTERS if low_rank else ()))}
       self._transport_code = tf.Variable(-1, dtype=tf.int64, trainable=False,
                                          name="transport")
       if nested:
@@ -212,6 +228,12 @@ class Telemetry(tf.Module):
         self._expected.assign(total("expected_overloads", tf.float64)),
     ]
 
+  def record_low_rank(self, rank, low_rank_elements):
+    """Assigns the low-rank counters (`LOW_RANK_KEYS`); returns the ops."""
+    return [self._counters["rank"].assign(tf.cast(rank, tf.int64)),
+            self._counters["low_rank_elements"].assign(
+                tf.cast(low_rank_elements, tf.int64))]
+
   def result(self, step):
     """The telemetry of the last exchange, as a dict (see the module doc).
 
@@ -243,6 +265,11 @@ class Telemetry(tf.Module):
       buckets = value["nested_buckets"]
       out["fallback_fraction"] = (value["fallback_buckets"] / buckets
                                   if buckets else 0.0)
+    if self._low_rank:
+      out["rank"] = value["rank"]
+      compressed = value["compressed_elements"]
+      out["low_rank_fraction"] = (value["low_rank_elements"] / compressed
+                                  if compressed else 0.0)
     for old, new in DEPRECATED_KEYS.items():
       dict.__setitem__(out, old, out[new])
     return out

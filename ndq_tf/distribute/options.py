@@ -124,6 +124,8 @@ def coerce_codec(codec, name="codec"):
       raise ValueError(
           f"`{name}` is not a codec spec ({e}). Received: {name}={codec!r}."
       ) from None
+  if getattr(codec, "low_rank", False) and not inspect.isclass(codec):
+    return codec  # `ndq_tf.PowerSGD`: the exchange core runs it.
   missing = [m for m in _CODEC_METHODS if not callable(getattr(codec, m, None))]
   if codec is None or missing:
     raise TypeError(
@@ -265,18 +267,27 @@ class CompressionOptions:
     chunk_elements = values["chunk_elements"]
     self._chunk_elements = (None if chunk_elements is None else _check_int(
         chunk_elements, "chunk_elements", low=1))
+    self._rounds = None
+    if self.low_rank is not None:
+      # What the low-rank exchange's rounds run with (`round_options`).
+      self._rounds = tuple(
+          type(self).from_config(dict(self.get_config(), codec=c))
+          for c in (codec.fallback_codec, codec.factor_codec))
 
   def _check_exchange(self, exchange):
     if exchange not in EXCHANGES:
       raise ValueError(
           f"`exchange` must be one of {', '.join(map(repr, EXCHANGES))}. "
           f"Received: exchange={exchange!r}.")
-    why = (None if exchange == "auto" else
-           exchanges.get(exchange).refusal(self._codec, self.nested))
-    if why:
-      raise ValueError(
-          f"exchange={exchange!r} cannot sum the payloads of "
-          f"codec={self._codec!r}: {why}.")
+    low_rank = self.low_rank
+    for codec in ((low_rank.fallback_codec, low_rank.factor_codec)
+                  if low_rank is not None else (self._codec,)):
+      why = (None if exchange == "auto" else
+             exchanges.get(exchange).refusal(codec, self.nested))
+      if why:
+        raise ValueError(
+            f"exchange={exchange!r} cannot sum the payloads of "
+            f"codec={codec!r}: {why}.")
     return exchange
 
   @property
@@ -440,10 +451,31 @@ class CompressionOptions:
     return group
 
   def sender_codecs(self, num_senders):
-    """The codec of every sender, in decode order (P1 first, then P2)."""
+    """The codec of every sender, in decode order (P1 first, then P2).
+
+    With a low-rank `codec` (`ndq_tf.PowerSGD`), its fallback codec.
+    """
+    if self.low_rank is not None:
+      return [self.low_rank.fallback_codec] * num_senders
     count = self.reference_count(num_senders)
     return ([self._reference_codec] * count
             + [self._codec] * (num_senders - count))
+
+  @property
+  def low_rank(self):
+    """The `ndq_tf.PowerSGD` of a low-rank `codec`, else None."""
+    return self._codec if getattr(self._codec, "low_rank", False) else None
+
+  @property
+  def round_options(self):
+    """A low-rank codec's `(fallback, factor)` options, else None.
+
+    The same options with `codec` the fallback codec (the round of the
+    vectors, low-rate matrices and warm-up steps) and the factor codec
+    (the rounds of `P` and `Q`); `ndq_tf.core.low_rank` runs each round
+    as an exchange with these.
+    """
+    return self._rounds
 
   def get_config(self):
     """The constructor arguments, codecs as Keras configs (JSON-able).

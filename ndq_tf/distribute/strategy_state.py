@@ -2,7 +2,8 @@
 
 `StrategyState` is a mixin for `ndq_tf.MirroredStrategy` and
 `ndq_tf.MultiWorkerMirroredStrategy`. Each tracks its exchange engine (the
-dither's step counter and the nested senders' noise state), so
+dither's step counter, the nested senders' noise state, the error
+feedback's and the low-rank exchange's residuals and factors), so
 `tf.train.Checkpoint(model=...)` saves it, and is a Keras saveable, so
 `model.save_weights` and `keras.callbacks.BackupAndRestore` save it too
 (Keras walks the model's attributes, and `model.distribute_strategy` is
@@ -82,6 +83,8 @@ class StrategyState(tf_internals.Trackable, tf_internals.KerasSaveable):
       engine.nested_state.save(store)
     if engine.feedback is not None:
       engine.feedback.save(store)
+    if engine.low_rank is not None:
+      engine.low_rank.save(store)
 
   def load_own_variables(self, store):
     try:
@@ -94,6 +97,8 @@ class StrategyState(tf_internals.Trackable, tf_internals.KerasSaveable):
       engine.nested_state.load(store)
     if engine.feedback is not None:
       engine.feedback.load(store)
+    if engine.low_rank is not None:
+      engine.low_rank.load(store)
 
   def __reduce__(self):
     # KerasSaveable pickles models through the Keras format; a strategy is

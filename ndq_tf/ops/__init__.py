@@ -1,11 +1,14 @@
 """Pure TF ops: the quantizers' equations, a bit-exact RNG, code packing,
 integer lanes for summing codes, decoding such sums, and the randomized
-Hadamard rotation of buckets."""
+Hadamard rotation of buckets, and low-rank factors with a fixed order of
+additions."""
 
 from ndq_tf.ops.lane_ops import LaneLayout
 from ndq_tf.ops.lane_ops import lane_layout
 from ndq_tf.ops.lane_ops import pack_lanes
 from ndq_tf.ops.lane_ops import unpack_lanes
+from ndq_tf.ops.low_rank_ops import orthogonalize
+from ndq_tf.ops.low_rank_ops import outer_product
 from ndq_tf.ops.packing_ops import codes_per_word
 from ndq_tf.ops.packing_ops import num_words
 from ndq_tf.ops.packing_ops import pack_codes
