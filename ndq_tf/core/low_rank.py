@@ -115,7 +115,7 @@ class LowRankStore(tf.Module):
   def senders_for(self, signature):
     """How many senders the residuals were made for (0: none yet)."""
     return self._variable(self.senders, signature,
-                          tf.zeros([], tf.int32), self._device)
+                          lambda: tf.zeros([], tf.int32), self._device)
 
   def residual_for(self, signature, sender, device, size):
     """Sender `sender`'s `[size]` residual, on `device`."""
@@ -232,7 +232,9 @@ def exchange(engine, transports, senders, step, mean, divisor,
   layout = Layout([t.shape.as_list() for t in tensors], config)
   signature = fusion_plan.FusionPlan.from_tensors(tensors).signature
   store = engine.low_rank
-  base = tf.constant([options.seed, 0x50534744], tf.int32)  # "PSGD"
+
+  def base():  # Made where it is used (the variables' init scope too).
+    return tf.constant([options.seed, 0x50534744], tf.int32)  # "PSGD"
 
   def initial_q(seed):
     return _flat([low_rank_ops.initial_factor(
@@ -240,7 +242,7 @@ def exchange(engine, transports, senders, step, mean, divisor,
                   for m in layout.matrices])
 
   if layout.matrices:
-    q_variable = store.factors_for(signature, lambda: initial_q(base))
+    q_variable = store.factors_for(signature, lambda: initial_q(base()))
     count = store.senders_for(signature)
     residuals = [store.residual_for(signature, s.index, s.device,
                                     layout.residual_size) for s in senders]
@@ -299,7 +301,7 @@ def exchange(engine, transports, senders, step, mean, divisor,
     with tf.device(engine.device):
       q_old = q_variable.read_value()
       q_flat = q_old if config.warm_start else initial_q(
-          random_ops.fold_seed(base, step))
+          random_ops.fold_seed(base(), step))
       valid = tf.equal(count.read_value(), num_senders)
       qs = _orthogonalize_all(_matrices(q_flat, layout.matrices, "q_at",
                                         "cols", "rank"),
