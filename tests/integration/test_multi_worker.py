@@ -302,6 +302,24 @@ def test_fit_two_workers_bitwise_identical_and_wire_bits(tmp_path):
     assert compressed_bits * 8 < 32 * int(r["compressed_elements"])
 
 
+def test_powersgd_two_workers_bitwise_identical(tmp_path):
+  """model.fit with PowerSGD: 3 warm-up steps, then rank 2 with DQSG factors."""
+  out = str(tmp_path / "out")
+  code, output = _run_job("--mode", "fit", "--steps", "8", "--powersgd", "2",
+                          "--out_dir", out)
+  assert code == 0, output
+  results = _results(out)
+  _assert_bitwise_identical(results)
+  for r in results:
+    assert int(r["step_after"]) == 8
+    assert int(r["rank"]) == 2
+    # The one compressed kernel (32x64) goes low rank.
+    assert float(r["low_rank_fraction"]) == 1.0
+    assert float(r["residual_norm"]) > 0  # Each worker's own residual.
+  assert float(results[0]["residual_norm"]) != float(
+      results[1]["residual_norm"])
+
+
 @pytest.mark.parametrize("eager, steps", [(False, 10), (True, 4)],
                          ids=["tf_function", "eager"])
 def test_custom_training_loop_two_workers(tmp_path, eager, steps):

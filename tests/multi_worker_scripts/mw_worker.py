@@ -53,6 +53,9 @@ def _parse():
                       "worker 0 the reference DitheredCodec(num_levels=1).")
   p.add_argument("--adaptive", action="store_true",
                  help="With --nested: the automatic mode (adaptive=True).")
+  p.add_argument("--powersgd", type=int, default=0,
+                 help="A rank: ndq_tf.PowerSGD with DQSG M=3 factors, "
+                      "from step 3.")
   p.add_argument("--chunk_elements", type=int, default=None,
                  help="The strategy's chunk_elements (default: its own).")
   return p.parse_args()
@@ -79,6 +82,13 @@ def main():
     strategy = multi_worker.MultiWorkerMirroredStrategy(
         codec=codecs[1], reference_codec=codecs[0], reference_group=1,
         adaptive=args.adaptive, min_elements=MIN_ELEMENTS, seed=7,
+        cluster_timeout=60)
+  elif args.powersgd:
+    codecs = [ndq_tf.PowerSGD(rank=args.powersgd,
+                              factor_codec="dqsg:num_levels=3",
+                              start_step=3)] * 2
+    strategy = multi_worker.MultiWorkerMirroredStrategy(
+        codec=codecs[0], min_elements=MIN_ELEMENTS, seed=7,
         cluster_timeout=60)
   else:
     codecs = [ndq_tf.DitheredCodec(num_levels=args.num_levels)] * 2
@@ -209,7 +219,14 @@ def main():
       compression_ratio=np.float64(stats["compression_ratio"]),
       # Chunks of whole buckets (`--chunk_elements` a multiple of 512, a
       # divisor of the kernel's 2048) each pay their own word padding.
+      rank=np.int64(stats.get("rank", -1)),
+      low_rank_fraction=np.float64(stats.get("low_rank_fraction", np.nan)),
+      residual_norm=np.float64(sum(
+          float(np.linalg.norm(v.numpy()))
+          for v in engine.low_rank.residuals.values())
+                               if engine.low_rank is not None else np.nan),
       expected_wire_bits=np.int64(
+          -1 if args.powersgd else
           codec.wire_bits(INPUTS * HIDDEN) if args.chunk_elements is None
           else INPUTS * HIDDEN // args.chunk_elements
           * codec.wire_bits(args.chunk_elements)),
