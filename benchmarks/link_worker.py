@@ -6,6 +6,7 @@ strategy (`TRANSPORT`), trains the MLP of `--layers` for `--warmup` +
 `--steps` steps, reads its veth end's and TCP's counters and its threads'
 CPU time around the timed steps, and prints one `RESULT {json}` line that
 the driver parses. The methods and what is measured: multi_worker_link.py.
+The PyTorch methods (`torch_*`) run benchmarks/torch_link_worker.py instead.
 """
 
 import inspect
@@ -23,8 +24,29 @@ TRANSPORT = {
     "dqsg_rs": "reduce_scatter",
     "auto": "auto",
     "ndqsg": "all_gather",
+    # ndq_tf.PowerSGD: its factors are sums, so all-reduced (as PyTorch's).
+    "psgd1": "all_reduce",
+    "psgd4": "all_reduce",
+    "psgd1_dq": "all_reduce",
+    "psgd4_dq": "all_reduce",
 }
-METHODS = ("float32",) + tuple(TRANSPORT)
+#: `ndq_tf.PowerSGD`'s (rank, factor codec, fallback codec) of each
+#: low-rank method: PyTorch PowerSGD's configuration (float32 factors and
+#: float32 for the rest), and dithered factors with ternary DQSG for the
+#: rest.
+LOW_RANK = {
+    "psgd1": (1, "float32", "float32"),
+    "psgd4": (4, "float32", "float32"),
+    "psgd1_dq": (1, "dqsg:num_levels=3", "dqsg"),
+    "psgd4_dq": (4, "dqsg:num_levels=3", "dqsg"),
+}
+#: The PyTorch DDP methods (benchmarks/torch_link_worker.py): the hook,
+#: and PowerSGD's rank.
+TORCH_METHODS = ("torch_float32", "torch_fp16", "torch_psgd1", "torch_psgd4")
+#: Steps sent uncompressed before the low rank starts, ndq_tf's
+#: `start_step` and PyTorch's `start_powerSGD_iter` alike.
+START_STEP = 2
+METHODS = ("float32",) + tuple(TRANSPORT) + TORCH_METHODS
 # Ethernet (14) + IPv4 (20) + TCP (20) header bytes of every frame, plus 12
 # of TCP timestamp options when they are on (Linux's default).
 HEADER_BYTES = 14 + 20 + 20
@@ -93,7 +115,7 @@ def split_method(spec):
     ValueError: naming the spec, for an unknown method or a bad chunk.
   """
   method, at, chunk = spec.partition("@")
-  if method not in METHODS or (at and method == "float32"):
+  if method not in METHODS or (at and method not in TRANSPORT):
     raise ValueError(
         f"a method must be one of {', '.join(METHODS)}, the ndq_tf ones "
         f"optionally with @CHUNK_ELEMENTS (an integer or none). Received: "
@@ -107,6 +129,13 @@ def split_method(spec):
         f"the chunk after @ must be a positive integer or none. Received: "
         f"{spec!r}")
   return method, int(chunk)
+
+
+def min_warmup(spec):
+  """Warm-up steps a method needs so that its timed steps are all low rank."""
+  method = split_method(spec)[0]
+  low_rank = method in LOW_RANK or method.startswith("torch_psgd")
+  return START_STEP + 1 if low_rank else 0
 
 
 def _strategy(args):
@@ -125,6 +154,11 @@ def _strategy(args):
     kwargs["chunk_elements"] = chunk
   if method == "float16":
     codec = "float16"
+  elif method in LOW_RANK:
+    rank, factor_codec, fallback_codec = LOW_RANK[method]
+    codec = ndq_tf.PowerSGD(rank=rank, factor_codec=factor_codec,
+                            fallback_codec=fallback_codec,
+                            start_step=START_STEP)
   elif method == "ndqsg":
     codec = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3)
     kwargs.update(reference_codec=dqsg, reference_group=1)
@@ -161,15 +195,26 @@ def _model_bits(strategy, method, params, num_workers):
   n = int(stats["compressed_elements"])
   lossless = int(stats["lossless_elements"])
   codecs = strategy.options.sender_codecs(num_workers)
-  if transport in ("float32_ring", "float16_ring"):
-    bits = cost_model.exchange_bits(None, n, num_workers, transport)
+  extra = {}
+  if method in LOW_RANK:
+    # The cost model has no low-rank exchange: the strategy's own count by
+    # it, each round (fallback tensors, P, Q) by its codec and transport,
+    # the lossless tensors as a float32 ring, as the model counts them.
+    bits = float(stats["model_link_bits"])
+    auto = None
+    extra = {"rank": int(stats["rank"]),
+             "low_rank_fraction": float(stats["low_rank_fraction"])}
   else:
-    bits = cost_model.exchange_bits(codecs, n, num_workers, transport)
-  # The small tensors of the same call: TF's lossless float32 ring.
-  bits += theory.ring_all_reduce_bits(32 * lossless, num_workers)
-  auto = cost_model.auto(codecs, n, num_workers)
+    if transport in ("float32_ring", "float16_ring"):
+      bits = cost_model.exchange_bits(None, n, num_workers, transport)
+    else:
+      bits = cost_model.exchange_bits(codecs, n, num_workers, transport)
+    # The small tensors of the same call: TF's lossless float32 ring.
+    bits += theory.ring_all_reduce_bits(32 * lossless, num_workers)
+    auto = cost_model.auto(codecs, n, num_workers)
   return bits, {"transport": transport, "compressed_elements": n,
                 "lossless_elements": lossless, "auto_transport": auto,
+                **extra,
                 "sent_bits": int(stats["sent_bits"]),
                 "payload_bits": int(stats["payload_bits"]),
                 # The strategy's own count by the same model, if it has one.
@@ -182,6 +227,9 @@ def _model_bits(strategy, method, params, num_workers):
 
 def run_worker(args):
   """One worker: builds the strategy, trains, prints one RESULT line."""
+  if split_method(args.method)[0] in TORCH_METHODS:
+    import torch_link_worker  # pylint: disable=g-import-not-at-top
+    return torch_link_worker.run_worker(args)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.config.threading.set_intra_op_parallelism_threads(args.threads)
   tf.config.threading.set_inter_op_parallelism_threads(args.threads)
@@ -251,5 +299,9 @@ def run_worker(args):
           f"{model['compressed_exchanges']} compressed exchanges in "
           f"{args.warmup + args.steps} steps: the gradient all-reduce was "
           "not compressed every step.")
+  if split_method(args.method)[0] in LOW_RANK and not model["rank"]:
+    raise RuntimeError(
+        f"the last timed step of {args.method} was not low rank (rank 0): "
+        f"--warmup {args.warmup} must be at least {START_STEP + 1}.")
   print("RESULT " + json.dumps(result), flush=True)
   return 0

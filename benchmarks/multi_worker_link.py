@@ -29,6 +29,28 @@ about 5M parameters by default) for `--warmup` + `--steps` steps:
 * `ndqsg` (not in the default list): `NestedDitheredCodec(num_levels=3,
   coarse_ratio=3)` on workers 1 to P-1 and that DQSG on worker 0,
   all-gathered.
+* `psgd1`, `psgd4` (not in the default list): `ndq_tf.PowerSGD` of rank 1
+  or 4 with float32 factors and float32 for the vectors (PyTorch
+  PowerSGD's configuration, to compare bytes with `torch_psgd1`/`4`),
+  `exchange="all_reduce"`;
+* `psgd1_dq`, `psgd4_dq` (not in the default list): the same ranks with
+  `factor_codec="dqsg:num_levels=3"` and ternary DQSG (`"dqsg"`) for the
+  vectors.
+
+  All four use `start_step=2` (`link_worker.START_STEP`, as the PyTorch
+  runs' `start_powerSGD_iter=2`) and `min_compression_rate=2`: `--warmup`
+  must be at least 3 so that every timed step is low rank. Their model
+  bytes are the strategy's own count (`model_link_bits` of
+  `compression_stats()`: each round, fallback tensors, `P` and `Q`, by the
+  cost model of its codec and transport), as `cost_model` has no low-rank
+  exchange;
+* `torch_float32`, `torch_fp16`, `torch_psgd1`, `torch_psgd4` (optional,
+  never in the default list; need PyTorch, skipped with a message without
+  it): the same MLP, batch and SGD under PyTorch DDP over gloo in the same
+  namespaces, with no hook, `fp16_compress_hook`, or `powerSGD_hook` at
+  rank 1 or 4 with `start_powerSGD_iter=2`
+  (benchmarks/torch_link_worker.py, which says what their model bytes
+  count).
 
 An ndq_tf method may carry the strategy's `chunk_elements` after an `@`:
 `dqsg_ag@none` exchanges the fused gradients in one piece, `dqsg_ag@262144`
@@ -85,6 +107,9 @@ bounded by `--timeout`. Run:
       --methods float32 dqsg_ag --steps 5
   python benchmarks/multi_worker_link.py --num_workers 8 --unlimited \
       --json /tmp/link.json
+  python benchmarks/multi_worker_link.py --num_workers 2 \
+      --rates 100mbit 1gbit --unlimited \
+      --methods float32 psgd4 psgd4_dq torch_psgd4 torch_fp16
 
 `--loopback` skips the namespaces (no root, no shaping, no link counters:
 the workers listen on 127.0.0.1) to check the script:
@@ -229,6 +254,9 @@ def _summarize(results, rate):
                                  for p in per_step)
           for group in [g for g, _ in link_worker.THREAD_GROUPS] + ["other"]},
       "max_rss_mb": max(r["max_rss_mb"] for r in results),
+      # The low-rank methods' (ndq_tf's telemetry, PyTorch's layout).
+      "rank": first.get("rank"),
+      "low_rank_fraction": first.get("low_rank_fraction"),
   }
   row["cpu_floor_s"] = row["cpu_s_sum"] / os.cpu_count()
   if (row["link_bits"] or -1) >= 0:
@@ -284,6 +312,16 @@ def _merge(runs):
       group: statistics.mean(r["cpu_split_s"][group] for r in good)
       for group in row["cpu_split_s"]}
   return row
+
+
+def _torch_missing():
+  """Why this Python cannot import torch (its error's last line), or None."""
+  proc = subprocess.run([sys.executable, "-c", "import torch"],
+                        capture_output=True, text=True, check=False)
+  if proc.returncode == 0:
+    return None
+  lines = proc.stderr.strip().splitlines()
+  return lines[-1] if lines else f"exit code {proc.returncode}"
 
 
 def _raise_on_signal(signum, frame):
@@ -359,6 +397,22 @@ def _check_goals(table):
           lines.append(
               f"P={top} {row['rate']} auto {key}: {row[key]:.2f}x (goal "
               f">= {goal:g}x): {'met' if row[key] >= goal else 'MISSED'}")
+  by_method = {(r["num_workers"], r["rate"], r["method"]): r
+               for r in shaped if "tx_bytes" in r}
+  for (p, rate, method), row in by_method.items():
+    ours = method.split("@")[0]
+    pairs = [(f"torch_{ours}", "within 10% of", 0.9, 1.1)
+             ] if ours in ("psgd1", "psgd4") else []
+    if ours in ("psgd1_dq", "psgd4_dq"):
+      pairs.append(("torch_psgd4", "at most 1/4 of", 0.0, 0.25))
+    for other, goal, low, high in pairs:
+      ref = by_method.get((p, rate, other))
+      if ref:
+        ratio = row["tx_bytes"] / ref["tx_bytes"]
+        lines.append(
+            f"P={p} {rate} {method}: {ratio:.3f}x the bytes of {other} "
+            f"(goal {goal} them): "
+            f"{'met' if low <= ratio <= high else 'MISSED'}")
   for row in shaped:
     ratio = row.get("measured_over_model")
     if ratio is not None:
@@ -377,6 +431,19 @@ def run_driver(args):
     return 2
   for signum in (signal.SIGTERM, signal.SIGHUP):
     signal.signal(signum, _raise_on_signal)
+  torch_methods = [m for m in args.methods
+                   if link_worker.split_method(m)[0]
+                   in link_worker.TORCH_METHODS]
+  if torch_methods:
+    missing = _torch_missing()
+    if missing:
+      print(f"Skipping {' '.join(torch_methods)}: {sys.executable} cannot "
+            f"import torch ({missing}); pip install torch (or the "
+            f"project's `torch` extra) to compare with PyTorch DDP.",
+            flush=True)
+      args.methods = [m for m in args.methods if m not in torch_methods]
+      if not args.methods:
+        return 2
   rates = list(args.rates) if not args.loopback else ["loopback"]
   if args.unlimited and not args.loopback:
     rates.append(None)
@@ -519,6 +586,12 @@ def main():
       link_worker.split_method(spec)
     except ValueError as e:
       p.error(f"--methods: {e}")
+  needed = max(link_worker.min_warmup(m)
+               for m in args.methods + [args.method])
+  if args.warmup < needed:
+    p.error(f"--warmup must be at least {needed} for the low-rank methods "
+            f"(start_step={link_worker.START_STEP}: the timed steps must all "
+            f"be low rank). Received: {args.warmup}")
   if args.timeout <= 0:
     p.error(f"--timeout must be > 0. Received: {args.timeout:g}")
   if len(args.layers) < 2 or min(args.layers) < 1:
