@@ -193,7 +193,7 @@ def _orthogonalize_all(factors, epsilon):
         tf.pad(factors[i], [[0, width - factors[i].shape[0]],
                             [0, k - factors[i].shape[1]]])
         for i in members])
-    done = low_rank_ops.orthogonalize(batch, epsilon)
+    done = low_rank_ops.orthogonalize_compiled(batch, epsilon)
     for j, i in enumerate(members):
       out[i] = done[j, :factors[i].shape[0], :factors[i].shape[1]]
   return out
@@ -334,30 +334,32 @@ def exchange(engine, transports, senders, step, mean, divisor,
         q_parts.append([tf.linalg.matmul(a, p, transpose_a=True)
                         for a, p in zip(ms[j], p_orth[j])])
     q_sums = run(lambda j, s: q_parts[j], factor_options, Q_ROUND, capture)
-    approx = []
+    residual_parts = []
+    scale = float(num_senders)
+    if mean:
+      scale /= float(divisor or num_senders)
     for r in range(len(q_sums)):
-      with tf.device(senders[min(r, len(senders) - 1)].device):
+      with tf.device(senders[r].device):
         q_mean = [q / float(num_senders) for q in q_sums[r]]
-        products = [low_rank_ops.outer_product(p, q)
-                    for p, q in zip(p_orth[min(r, len(p_orth) - 1)], q_mean)]
-        approx.append(products)
-        scale = float(num_senders)
-        if mean:
-          scale /= float(divisor or num_senders)
-        for x, product in zip(layout.matrices, products):
-          out[r][x.index] = tf.cast(
-              tf.reshape(product * scale, tensors[x.index].shape),
-              tensors[x.index].dtype)
+        parts = []
+        for x, a, p, q in zip(layout.matrices, ms[r], p_orth[r], q_mean):
+          # `scale·P Q̄ᵀ` and the residual `M − P Q̄ᵀ`, one fused pass.
+          summed, residual = low_rank_ops.reconstruct(a, p, q, scale)
+          out[r][x.index] = tf.cast(tf.reshape(
+              summed, tensors[x.index].shape), tensors[x.index].dtype)
+          parts.append(residual)
+        residual_parts.append(parts)
     with tf.device(engine.device):
       finite = _all_finite(list(p_sums[0]) + list(q_sums[0]) + (
           list(results[0]) if results else []))
     updates = []
     for j, s in enumerate(senders):
       with tf.device(s.device):
-        new = _flat([a - b for a, b in zip(ms[j], approx[min(
-            j, len(approx) - 1)])])
-        updates.append(residuals[j].assign(
-            tf.where(finite, new, residuals[j].read_value())))
+        new = _flat(residual_parts[j])
+        variable = residuals[j]
+        updates.append(tf.cond(
+            finite, lambda v=variable, n=new: v.assign(n, read_value=True),
+            lambda v=variable: v.read_value()))
     with tf.device(engine.device):
       updates.append(q_variable.assign(
           tf.where(finite, _flat(q_mean), q_old)))

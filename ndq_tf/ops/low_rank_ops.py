@@ -44,7 +44,9 @@ __all__ = [
     "initial_factor",
     "matrix_shape",
     "orthogonalize",
+    "orthogonalize_compiled",
     "outer_product",
+    "reconstruct",
 ]
 
 #: The stream of the initial factors' signs (`random_ops.stream_key`).
@@ -169,6 +171,12 @@ def orthogonalize(x, epsilon=0.0):
   return tf.stack(columns, axis=2)
 
 
+def orthogonalize_compiled(x, epsilon=0.0):
+  """`orthogonalize`, compiled by XLA (one kernel; the same bits)."""
+  return _ORTHOGONALIZE(tf.convert_to_tensor(x, tf.float32),
+                        tf.constant(epsilon, tf.float64))
+
+
 def outer_product(p, q):
   """`P Qᵀ` with a fixed order of additions, as `float32`.
 
@@ -191,3 +199,33 @@ def outer_product(p, q):
   if total is None:
     return tf.zeros([p.shape[0], q.shape[0]], tf.float32)
   return tf.cast(total, tf.float32)
+
+
+_ORTHOGONALIZE = tf.function(orthogonalize, jit_compile=True,
+                             autograph=False)
+
+
+def _reconstruct(m, p, q, scale):
+  approx = outer_product(p, q)
+  return approx * scale, m - approx
+
+
+# One fused pass per matrix: `P Qᵀ`'s float64 terms, its rounding, the
+# scaled sum and the residual never leave the registers. The same bits as
+# without XLA (the module doc; tests/ops/test_low_rank_ops.py).
+_RECONSTRUCT = tf.function(_reconstruct, jit_compile=True, autograph=False)
+
+
+def reconstruct(m, p, q, scale):
+  """`(scale · P Qᵀ, M − P Qᵀ)`, `P Qᵀ` from `outer_product`, compiled by XLA.
+
+  Args:
+    m: `float32` `[n, m]`.
+    p: `float32` `[n, k]`.
+    q: `float32` `[m, k]`.
+    scale: a `float32` scalar.
+  """
+  return _RECONSTRUCT(tf.convert_to_tensor(m, tf.float32),
+                      tf.convert_to_tensor(p, tf.float32),
+                      tf.convert_to_tensor(q, tf.float32),
+                      tf.convert_to_tensor(scale, tf.float32))
