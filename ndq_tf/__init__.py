@@ -15,6 +15,7 @@ from ndq_tf import _lazy
 from ndq_tf.version import __version__
 
 _NAMES = {
+    "BFloat16Codec": "ndq_tf.codecs",
     "Codec": "ndq_tf.codecs",
     "DitheredCodec": "ndq_tf.codecs",
     "Float16Codec": "ndq_tf.codecs",

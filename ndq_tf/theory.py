@@ -398,7 +398,8 @@ def summed_form(codec):
 
   `"codes"`: integer codes in lanes (`ndq_ops.pack_lanes`) with shared
   scales; `"float16"`, `"float32"`: the values, through TF's own ring of
-  that dtype; None: the payloads do not add up (nested codecs, any other
+  that dtype; `"bfloat16"`: the values rounded to bfloat16, through the
+  float32 ring; None: the payloads do not add up (nested codecs, any other
   codec), so only the all-gather carries them.
   """
   return _summable_kind(codec)
@@ -418,7 +419,8 @@ def codes_add_up(codec):
     shared one is the largest of the workers' norms (then
     `s·|g_i|/κ <= s` still holds, so the codes stay in `{-s..s}`);
   * `Float16Codec` and `Float32Codec`: the values, through TF's own float
-    ring of that dtype.
+    ring of that dtype; `BFloat16Codec`: its bfloat16 values, through the
+    float32 ring (TF's NCCL all-reduce takes no bfloat16).
 
   False for nested codecs (`needs_side_information`: each code is a residue
   that only its own side information decodes, and residues do not add up)

@@ -19,6 +19,7 @@ import ndq_tf
 CODECS = {
     "float32": ndq_tf.Float32Codec(),
     "float16": ndq_tf.Float16Codec(),
+    "bfloat16": ndq_tf.BFloat16Codec(),
     "dqsg_ternary": ndq_tf.DitheredCodec(num_levels=1, bucket_size=64),
     "dqsg_m4": ndq_tf.DitheredCodec(num_levels=4, bucket_size=100),
     "half_order1": ndq_tf.HalfDitheredCodec(num_levels=1, bucket_size=64,
@@ -107,6 +108,8 @@ def error_bound(codec, x, y, payload):
     return np.abs(x64) * 2.0**-24
   if isinstance(codec, ndq_tf.Float16Codec):
     return np.abs(x64) * 2.0**-11 + 2.0**-25  # + half the subnormal spacing
+  if isinstance(codec, ndq_tf.BFloat16Codec):
+    return np.abs(x64) * 2.0**-8 + 2.0**-134  # 8 significant bits
   if isinstance(codec, ndq_tf.DitheredCodec):
     return kappa * codec.step / 2
   if isinstance(codec, ndq_tf.HalfDitheredCodec):

@@ -250,6 +250,8 @@ class BitsFormulaTest(tf.test.TestCase, parameterized.TestCase):
                      32.0)
     self.assertEqual(theory.bits_per_element(ndq_tf.Float16Codec(), 1000),
                      16.0)
+    self.assertEqual(theory.bits_per_element(ndq_tf.BFloat16Codec(), 1000),
+                     16.0)
 
   def test_nested_codec_costs_log2_k_bits_plus_scales(self):
     codec = ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=4,

@@ -2,6 +2,7 @@
 
 from ndq_tf.codecs.base import Codec
 from ndq_tf.codecs.base import Payload
+from ndq_tf.codecs.baselines import BFloat16Codec
 from ndq_tf.codecs.baselines import Float16Codec
 from ndq_tf.codecs.baselines import Float32Codec
 from ndq_tf.codecs.baselines import QSGDCodec

@@ -231,7 +231,8 @@ class Codec:
   #: Whether `decode` needs `side_information` (nested codecs).
   needs_side_information = False
   #: How an integer all-reduce sums this codec's payloads (`summed_form`):
-  #: `"codes"`, `"float16"`, `"float32"` or None. Declared by each class for
+  #: `"codes"`, `"float16"`, `"bfloat16"`, `"float32"` or None. Declared by
+  #: each class for
   #: itself: a subclass that does not declare it again is not summed (it
   #: may decode otherwise).
   SUMMED_FORM = None
@@ -282,7 +283,9 @@ class Codec:
 
     `"codes"`: integer codes in lanes (`ndq_tf.ops.pack_lanes`) with shared
     scales; `"float16"`, `"float32"`: the values, through TF's own ring of
-    that dtype; None: the payloads do not add up (nested codecs: each code
+    that dtype; `"bfloat16"`: the values rounded to bfloat16, through the
+    float32 ring (`ndq_tf.core.exchanges.sum.FLOAT_FORMS`); None: the
+    payloads do not add up (nested codecs: each code
     is a residue only its own side information decodes; any class that
     does not declare `SUMMED_FORM` itself, subclasses included).
     """

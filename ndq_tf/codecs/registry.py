@@ -15,6 +15,7 @@ __all__ = ["get", "serialize", "NAMES"]
 NAMES = {
     "float32": baselines.Float32Codec,
     "float16": baselines.Float16Codec,
+    "bfloat16": baselines.BFloat16Codec,
     "dqsg": dithered.DitheredCodec,
     "half_dithered": dithered.HalfDitheredCodec,
     "ndqsg": nested.NestedDitheredCodec,
@@ -34,7 +35,7 @@ def get(identifier, names=None):
   A spec string is a short name optionally followed by `:` and keyword
   arguments, e.g. `"dqsg"`, `"dqsg:num_levels=3,bucket_size=256"`,
   `"ndqsg:num_levels=3,coarse_ratio=3,alpha=0.9"`. Names: float32, float16,
-  dqsg, half_dithered, ndqsg, qsgd, terngrad.
+  bfloat16, dqsg, half_dithered, ndqsg, qsgd, terngrad.
 
   Args:
     identifier: a `Codec`, a dict from `serialize`, or a spec string.

@@ -104,7 +104,9 @@ def exchange_bits(codec, num_elements, num_workers, transport):
     stamps, `transports.collective_sum.STAMP_WORDS`):
     `2(P - 1)/P·(W·word_bits + 32·(⌈n/d⌉ + 8))`. `Float16Codec` and
     `Float32Codec` go through TF's float ring of their dtype:
-    `2(P - 1)/P·16n` and `2(P - 1)/P·32n`.
+    `2(P - 1)/P·16n` and `2(P - 1)/P·32n`; `BFloat16Codec`'s bfloat16
+    values through the float32 ring, `2(P - 1)/P·32n` (TF's NCCL
+    all-reduce takes no bfloat16).
   * `"reduce_scatter"`: `exchanges.reduce_scatter.reduce_scatter_bits`.
   * `"float32_ring"`, `"float16_ring"`: the uncompressed baselines,
     `2(P - 1)/P·32n` and `2(P - 1)/P·16n` (`codec` must be None or the

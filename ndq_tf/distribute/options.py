@@ -185,7 +185,8 @@ class CompressionOptions:
     exchange: how the payloads are exchanged: `"all_gather"` (every
       receiver gets every sender's payload and decodes each),
       `"all_reduce"` (the senders agree on shared scales and their codes
-      are summed as integers, or float16/float32 values by a float ring;
+      are summed as integers, or float16/bfloat16/float32 values by a
+      float ring;
       only for the codecs whose payloads add up, `Codec.summed_form`),
       `"reduce_scatter"` (bucketed codecs, nested groups too: each sender's
       shard `j` goes to receiver `j`, which sums the shards and

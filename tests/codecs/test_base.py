@@ -82,7 +82,7 @@ class DeterminismTest(tf.test.TestCase, parameterized.TestCase):
     payload = codec.encode(x, SEED)
     self.assertAllEqual(codec.decode(payload), codec.decode(payload, SEED))
 
-  @parameterized.parameters("float32", "float16")
+  @parameterized.parameters("float32", "float16", "bfloat16")
   def test_unseeded_codecs_need_no_seed(self, name):
     codec = CODECS[name]
     x = make_signal(N)
@@ -449,7 +449,7 @@ class WireFormatTest(tf.test.TestCase, parameterized.TestCase):
     for n in list(range(0, 70)) + [511, 512, 513, 1000, 10**6, 2**24 + 3]:
       if isinstance(codec, ndq_tf.Float32Codec):
         expected = 32 * n
-      elif isinstance(codec, ndq_tf.Float16Codec):
+      elif isinstance(codec, (ndq_tf.Float16Codec, ndq_tf.BFloat16Codec)):
         expected = 32 * -(-n // 2)
       else:
         d = ndq_tf.ops.codes_per_word(codec.alphabet_size)
@@ -564,7 +564,8 @@ class DitherOffsetTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_float_codecs_ignore_the_offset(self):
     x = tf.constant(np.arange(10, dtype=np.float32))
-    for codec in (ndq_tf.Float32Codec(), ndq_tf.Float16Codec()):
+    for codec in (ndq_tf.Float32Codec(), ndq_tf.Float16Codec(),
+                  ndq_tf.BFloat16Codec()):
       payload = codec.encode(x, dither_offset=128)
       self.assertAllEqual(codec.decode(payload, dither_offset=128), x)
 

@@ -1,4 +1,5 @@
-"""Tests of `ndq_tf.codecs.baselines`: float32, float16, QSGD and TernGrad.
+"""Tests of `ndq_tf.codecs.baselines`: float32, float16, bfloat16, QSGD and
+TernGrad.
 
 What is each baseline's own: the float codecs' values, and the levels the
 stochastic-rounding codecs decode to (TernGrad: `{-κ, 0, κ}` with κ the
@@ -38,6 +39,44 @@ def test_float16_codec_rounds_to_half_precision():
   y = _round_trip(ndq_tf.Float16Codec(), x)
   np.testing.assert_array_equal(y, x.astype(np.float16).astype(np.float32))
   assert np.isinf(y[0]) and y[1] == 0.0
+
+
+def _bfloat16_by_hand(x):
+  """float32 -> bfloat16 -> float32, rounding to nearest even on the bits."""
+  bits = x.view(np.uint32).astype(np.uint64)
+  rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+  y = rounded.astype(np.uint32).view(np.float32)
+  return np.where(np.isnan(x), x, y)
+
+
+def test_bfloat16_codec_rounds_to_nearest_even():
+  x = _signal(2 * D + 1)  # An odd count: the last word is half used.
+  one = np.float32(1.0)
+  x[:12] = [
+      one + 2.0**-8,  # A tie: down to the even 1.0.
+      one + 3 * 2.0**-8,  # A tie: up to the even 1 + 2**-6.
+      one + 2.0**-8 + 2.0**-20,  # Just above a tie: up.
+      -(one + 2.0**-8 - 2.0**-20),  # Just below a tie: down.
+      np.finfo(np.float32).max,  # Beyond bfloat16's largest: Inf.
+      3.38e38,  # Within it: finite.
+      1e-30, -0.0, np.nan, np.inf, -np.inf, 70000.0]
+  y = _round_trip(ndq_tf.BFloat16Codec(), x)
+  want = _bfloat16_by_hand(x)
+  np.testing.assert_array_equal(y, want)
+  np.testing.assert_array_equal(y, tf.cast(tf.cast(x, tf.bfloat16),
+                                           tf.float32).numpy())
+  assert y[0] == 1.0 and y[1] == 1.0 + 2.0**-6 and y[2] == 1.0 + 2.0**-7
+  assert np.isinf(y[4]) and np.isfinite(y[5]) and y[11] == 70144.0
+  assert np.signbit(y[7]) and np.isnan(y[8]) and list(y[9:11]) == [
+      np.inf, -np.inf]
+  # Lossless for bfloat16 inputs; 16 bits per element.
+  z = tf.cast(tf.constant(x), tf.bfloat16)
+  codec = ndq_tf.BFloat16Codec()
+  payload = codec.encode(z)
+  assert codec.wire_bits(x.size) == 32 * (D + 1)
+  np.testing.assert_array_equal(
+      tf.bitcast(codec.decode(payload), tf.int16).numpy(),
+      tf.bitcast(z, tf.int16).numpy())
 
 
 def test_terngrad_decodes_to_zero_or_the_buckets_max_norm():

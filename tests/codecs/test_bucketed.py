@@ -314,5 +314,5 @@ class BaseClassTest(tf.test.TestCase, parameterized.TestCase):
   def test_bucketed_codecs_share_the_public_base_class(self):
     for name in BUCKETED:
       self.assertIsInstance(CODECS[name], codecs.BucketedCodec, msg=name)
-    for name in ("float32", "float16"):
+    for name in ("float32", "float16", "bfloat16"):
       self.assertNotIsInstance(CODECS[name], codecs.BucketedCodec, msg=name)

@@ -41,6 +41,7 @@ class RegistryTest(tf.test.TestCase, parameterized.TestCase):
       ("terngrad:bucket_size=128", ndq_tf.TernGradCodec(bucket_size=128)),
       ("float32", ndq_tf.Float32Codec()),
       ("float16", ndq_tf.Float16Codec()),
+      ("bfloat16", ndq_tf.BFloat16Codec()),
   )
   def test_get_with_spec_string(self, spec, expected):
     codec = codecs.get(spec)
@@ -57,7 +58,7 @@ class RegistryTest(tf.test.TestCase, parameterized.TestCase):
     message = str(cm.exception)
     self.assertIn("dqsq", message)
     for name in ("dqsg", "half_dithered", "ndqsg", "qsgd", "terngrad",
-                 "float32", "float16"):
+                 "float32", "float16", "bfloat16"):
       self.assertIn(name, message)
 
   @parameterized.parameters(

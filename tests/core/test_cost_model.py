@@ -144,9 +144,17 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(
           cost_model.exchange_bits(ndq_tf.Float16Codec(), _N, p, "float16_ring"),
           cost_model.exchange_bits(None, _N, p, "float16_ring"))
+      # bfloat16 values are summed in the float32 ring (NCCL takes no
+      # bfloat16): 32 bits on the wire, though the all-gather sends 16.
+      self.assertEqual(
+          cost_model.exchange_bits(ndq_tf.BFloat16Codec(), _N, p, "all_reduce"),
+          cost_model.exchange_bits(None, _N, p, "float32_ring"))
+      self.assertEqual(
+          cost_model.exchange_bits(ndq_tf.BFloat16Codec(), _N, p, "all_gather"),
+          cost_model.exchange_bits(ndq_tf.Float16Codec(), _N, p, "all_gather"))
 
   def test_codes_add_up(self):
-    adds_up = {"float32", "float16", "dqsg", "half_dithered", "qsgd",
+    adds_up = {"float32", "float16", "bfloat16", "dqsg", "half_dithered", "qsgd",
                "terngrad"}
     for name in ndq_tf.codecs.registry.NAMES:
       codec = ndq_tf.codecs.get(name)
@@ -180,6 +188,8 @@ class ExchangeBitsTest(tf.test.TestCase, parameterized.TestCase):
       cost_model.exchange_bits(_dqsg(), 10, 2, "float16_ring")
     with self.assertRaisesRegex(ValueError, "`codec` must be None"):
       cost_model.exchange_bits(ndq_tf.Float32Codec(), 10, 2, "float16_ring")
+    with self.assertRaisesRegex(ValueError, "`codec` must be None"):
+      cost_model.exchange_bits(ndq_tf.BFloat16Codec(), 10, 2, "float16_ring")
     with self.assertRaisesRegex(ValueError, "`codec` is required"):
       cost_model.exchange_bits(None, 10, 2, "all_gather")
     with self.assertRaisesRegex(ValueError, "below 2\\*\\*31"):
@@ -254,8 +264,9 @@ def test_decode_work_per_worker(p):
       exchanges.base.Work(dither_draws=(p + 1) * n, decodes=1,
                           lane_codes=2 * n))
   # Float values through a float ring: nothing drawn, nothing decoded.
-  assert cost_model.exchange_work(ndq_tf.Float16Codec(), n, p,
-                                 "all_reduce") == exchanges.base.Work(0, 0)
+  for float_codec in (ndq_tf.Float16Codec(), ndq_tf.BFloat16Codec()):
+    assert cost_model.exchange_work(float_codec, n, p,
+                                   "all_reduce") == exchanges.base.Work(0, 0)
   # Reduce-scatter: stage 1 encodes and decodes one buffer in shards,
   # stage 2's DQSG encodes one shard and decodes every shard.
   assert cost_model.exchange_work(codec, n, p, "reduce_scatter") == (

@@ -39,6 +39,7 @@ DIGESTS = {
     "qsgd2": (lambda: O(ndq_tf.QSGDCodec(num_levels=2)), "7febc1b2"),
     "terngrad": (lambda: O(ndq_tf.TernGradCodec()), "2b80902b"),
     "float16": (lambda: O(ndq_tf.Float16Codec()), "Float16Codec"),
+    "bfloat16": (lambda: O(ndq_tf.BFloat16Codec()), "BFloat16Codec"),
 }
 
 

@@ -6,8 +6,9 @@ integer codes, packed in lanes that cannot carry into each other
 (`ndq_tf.ops.lane_layout`), are summed exactly by an integer all-reduce
 (`transports.SummingTransport`); every receiver decodes the sum once,
 subtracting every sender's dither (`codec.decode_symbol_sum`).
-Float16/Float32 values go through a float ring instead. docs/scaling.md
-has the cost model.
+Float16/Float32 values go through a float ring instead, and BFloat16
+values, rounded to bfloat16, through the float32 ring (`FLOAT_FORMS`).
+docs/scaling.md has the cost model.
 """
 
 import collections
@@ -21,9 +22,20 @@ from ndq_tf.core.transports import collective_sum
 
 __all__ = [
     "EXCHANGE",
+    "FLOAT_FORMS",
     "ROTATION_SENDER",
     "SumExchange",
 ]
+
+#: `{summed form: (the dtype the values are rounded to, the ring's dtype)}`
+#: of the codecs whose values a float ring sums (`Codec.summed_form`).
+#: bfloat16 values are summed in float32: TF's NCCL all-reduce takes no
+#: bfloat16 (its CPU ring would), and a ring must run on every device.
+FLOAT_FORMS = {
+    "float16": (tf.float16, tf.float16),
+    "bfloat16": (tf.bfloat16, tf.float32),
+    "float32": (tf.float32, tf.float32),
+}
 
 #: The sender index whose seed a rotated codec's shared signs take under
 #: the integer all-reduce (no real sender has it): the same for every
@@ -49,8 +61,9 @@ class SumExchange(base.Exchange):
       return _NESTED_REFUSAL
     if codec.summed_form() is None:
       return ("only the codes of DitheredCodec, HalfDitheredCodec, "
-              "TernGradCodec and QSGDCodec add up (and Float16Codec and "
-              "Float32Codec values, through a float ring); use "
+              "TernGradCodec and QSGDCodec add up (and Float16Codec, "
+              "BFloat16Codec and Float32Codec values, through a float "
+              "ring); use "
               "exchange='all_gather' (or 'auto')")
     return None
 
@@ -58,8 +71,9 @@ class SumExchange(base.Exchange):
     """A ring all-reduce of the lanes plus the MAX of the stamped scales.
 
     `2(P - 1)/P·(W·word_bits + 32·(⌈n/d⌉ + framing_words))` for codes in
-    `W` lane words (`ndq_tf.ops.lane_layout`); `2(P - 1)/P·16n` and
-    `2(P - 1)/P·32n` for `Float16Codec` and `Float32Codec`.
+    `W` lane words (`ndq_tf.ops.lane_layout`); `2(P - 1)/P·16n` for
+    `Float16Codec`, `2(P - 1)/P·32n` for `Float32Codec` and
+    `BFloat16Codec` (its bfloat16 values go through the float32 ring).
     """
     first = codecs[0]
     if any(c is not first and c != first for c in codecs[1:]):
@@ -73,16 +87,15 @@ class SumExchange(base.Exchange):
              "information decodes, and they do not add up; use 'all_gather'"
              if getattr(first, "needs_side_information", False) else
              "only DitheredCodec, HalfDitheredCodec, TernGradCodec, "
-             "QSGDCodec, Float16Codec and Float32Codec have codes that add "
-             "up")
+             "QSGDCodec, Float16Codec, BFloat16Codec and Float32Codec have "
+             "codes that add up")
       raise ValueError(
           f"`codec` cannot be summed by exchange='all_reduce': {why}. "
           f"Received: codec={first!r}.")
     n, p = num_elements, num_workers
-    if form == "float32":
-      return theory.ring_all_reduce_bits(32 * n, p)
-    if form == "float16":
-      return theory.ring_all_reduce_bits(16 * n, p)
+    if form in FLOAT_FORMS:
+      ring = FLOAT_FORMS[form][1]
+      return theory.ring_all_reduce_bits(ring.size * 8 * n, p)
     layout = ndq_ops.lane_layout(first.alphabet_size, p, n)
     return theory.ring_all_reduce_bits(
         layout.wire_bits + 32 * (first.num_scales(n) + self.framing_words),
@@ -123,16 +136,17 @@ class SumExchange(base.Exchange):
     totals = collections.defaultdict(list)  # Receiver -> one sum per chunk.
     devices = {}
     payload_bits = framing_bits = 0
-    if form in ("float16", "float32"):
-      # TF's own float ring: the values themselves, summed in their dtype.
-      dtype = tf.float16 if form == "float16" else tf.float32
+    if form in FLOAT_FORMS:
+      # TF's own float ring: the values rounded to the codec's dtype, summed
+      # in the ring's (bfloat16 values exactly widened to float32).
+      rounded, dtype = FLOAT_FORMS[form]
       for k, chunk in enumerate(chunks):
         with base.chunk_scope(k, len(chunks)):
           values = []
           for x in senders:
             with tf.device(x.device), tf.name_scope("ndq_encode"):
-              values.append((x.index, x.device, tf.cast(
-                  plan.flatten(x.tensors, chunk), dtype)))
+              values.append((x.index, x.device, tf.cast(tf.cast(
+                  plan.flatten(x.tensors, chunk), rounded), dtype)))
           with tf.name_scope("ndq_exchange"):
             reductions = transport.all_reduce(values, "Add")
           for r, reduction in enumerate(reductions):

@@ -103,8 +103,9 @@ class SummingTransport(abc.ABC):
 
   The transport of codecs whose payloads add up (`ndq_tf.theory.summed_form`):
   integer lanes of codes, summed exactly, after a MAX of the per-bucket
-  scales; or float16/float32 values through a float ring. It knows nothing
-  of codecs either.
+  scales; or float16/float32 values through a float ring (bfloat16 values
+  travel as float32: TF's NCCL all-reduce takes no bfloat16). It knows
+  nothing of codecs either.
   """
 
   #: What it sums and how (`"device_sum"`, `"collective_sum"`).

@@ -2,8 +2,8 @@
 
 Every worker is one sender. Its tensor is all-reduced with TF's own
 `CollectiveReduceV2` (a ring on CPUs, NCCL on GPUs): `Add` for integer
-lanes of codes (exact in any order) and float16/float32 values, `Max` for
-the per-bucket scales. A NaN scale is sent as +Inf (NCCL's max need not
+lanes of codes (exact in any order) and float16/float32 values (bfloat16
+ones as float32: NCCL takes no bfloat16), `Max` for the per-bucket scales. A NaN scale is sent as +Inf (NCCL's max need not
 propagate NaN; +Inf decodes to NaN all the same).
 
 No headers travel: an all-reduce cannot tell senders apart. The step each

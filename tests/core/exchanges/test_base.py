@@ -35,6 +35,7 @@ def test_unknown_name_lists_the_valid_ones():
     (ndq_tf.QSGDCodec(), "codes"),
     (ndq_tf.TernGradCodec(), "codes"),
     (ndq_tf.Float16Codec(), "float16"),
+    (ndq_tf.BFloat16Codec(), "bfloat16"),
     (ndq_tf.Float32Codec(), "float32"),
     (ndq_tf.NestedDitheredCodec(num_levels=3, coarse_ratio=3), None),
 ])

@@ -4,8 +4,8 @@
 the strategy's result is, bit for bit, what the public codec API computes
 from the same seeds (shared scales, symbols summed in lanes, one decode of
 the sum); every replica gets the same bits; a bucket with a NaN decodes to
-NaN and corrupts no other; float32 values summed by the float path equal the
-all-gather's; `"auto"` picks what the cost model says and logs it once; and
+NaN and corrupts no other; float32 values (and BFloat16Codec's bfloat16
+ones, in float32) summed by the float path equal the all-gather's; `"auto"` picks what the cost model says and logs it once; and
 the options refuse what cannot be summed. Real processes:
 tests/integration/test_all_reduce_multi_worker.py.
 """
@@ -129,32 +129,46 @@ def test_a_nan_bucket_decodes_to_nan_and_spares_the_others(spec):
 
 
 @pytest.mark.parametrize("transport", ["all_gather", "all_reduce"])
-def test_float32_sums_equal_on_both_transports(transport):
+@pytest.mark.parametrize("spec,rounded", [("float32", tf.float32),
+                                          ("bfloat16", tf.bfloat16)])
+def test_float32_sums_equal_on_both_transports(transport, spec, rounded):
+  # BFloat16Codec's values, rounded to bfloat16, are summed in float32 by
+  # either exchange.
   grads = _gradients(3000, seed=9)
-  got = _reduce(ndq_tf.MirroredStrategy(codec="float32", devices=_devices(),
+  got = _reduce(ndq_tf.MirroredStrategy(codec=spec, devices=_devices(),
                                         exchange=transport), grads)
   _assert_identical(got)
-  want = tf.reduce_sum(tf.constant(grads), axis=0).numpy()
+  values = tf.cast(tf.cast(tf.constant(grads), rounded), tf.float32)
+  want = tf.reduce_sum(values, axis=0).numpy()
   np.testing.assert_array_equal(got[0], want)
 
 
-def test_float16_sums_the_half_precision_values():
+@pytest.mark.parametrize("spec,rounded,summed", [
+    ("float16", tf.float16, tf.float16),
+    # TF's NCCL all-reduce takes no bfloat16: its values go through the
+    # float32 ring, 32 bits each on the wire, and are counted so.
+    ("bfloat16", tf.bfloat16, tf.float32)])
+def test_float16_sums_the_half_precision_values(spec, rounded, summed):
   grads = _gradients(3000, seed=10)
-  strategy = ndq_tf.MirroredStrategy(codec="float16", devices=_devices(),
+  strategy = ndq_tf.MirroredStrategy(codec=spec, devices=_devices(),
                                      exchange="all_reduce")
   got = _reduce(strategy, grads)
   _assert_identical(got)
-  want = tf.cast(tf.reduce_sum(tf.cast(grads, tf.float16), axis=0),
-                 tf.float32).numpy()
+  values = tf.cast(tf.cast(grads, rounded), summed)
+  want = tf.cast(tf.reduce_sum(values, axis=0), tf.float32).numpy()
   np.testing.assert_array_equal(got[0], want)
   stats = strategy.compression_stats()
-  assert stats["payload_bits"] == NUM_REPLICAS * 16 * 3000
-  assert stats["link_compression_ratio"] == pytest.approx(2.0)
+  width = summed.size * 8
+  assert stats["payload_bits"] == NUM_REPLICAS * width * 3000
+  assert stats["link_compression_ratio"] == pytest.approx(32 / width)
+  assert stats["model_link_bits"] == round(NUM_REPLICAS * (
+      cost_model.exchange_bits(ndq_tf.codecs.get(spec), 3000, NUM_REPLICAS,
+                               "all_reduce")))
 
 
 @pytest.mark.parametrize("spec,elements", [
     ("dqsg:num_levels=1", 1 << 14), ("dqsg:num_levels=3", 1 << 14),
-    ("float16", 4096)])
+    ("float16", 4096), ("bfloat16", 4096)])
 def test_auto_picks_what_the_cost_model_predicts_and_logs_it_once(
     spec, elements, caplog):
   codec = ndq_tf.codecs.get(spec)
@@ -182,8 +196,9 @@ def test_shared_memory_gathers_codes_and_sums_float16():
     for p in (4, 8):
       assert cost_model.auto(codec, n, p, shared_memory=True) == (
           "all_gather")
-  assert cost_model.auto(ndq_tf.Float16Codec(), 4096, 4,
-                               shared_memory=True) == "all_reduce"
+  for codec in (ndq_tf.Float16Codec(), ndq_tf.BFloat16Codec()):
+    assert cost_model.auto(codec, 4096, 4, shared_memory=True) == (
+        "all_reduce")
 
 
 def test_model_fit_keeps_mirrored_variables_bitwise_identical():
