@@ -11,7 +11,21 @@ wrapped in `DistributedDataParallel` over gloo, with a communication hook:
 * `torch_psgd1`, `torch_psgd4`: `powerSGD_hook.powerSGD_hook` with
   `PowerSGDState(matrix_approximation_rank=1 or 4,
   start_powerSGD_iter=link_worker.START_STEP)` and its other defaults
-  (error feedback, warm start, `min_compression_rate=2`).
+  (error feedback, warm start, `min_compression_rate=2`), and every
+  gradient in one DDP bucket (`bucket_cap_mb` above the model's float32
+  size; the float32 and fp16 methods keep DDP's default buckets).
+
+Why one bucket: the PowerSGD hook chains three all-reduces per bucket
+(uncompressed tensors, P, Q), the later two issued from the earlier one's
+future callback, on a gloo thread, while the autograd thread issues the next
+bucket's first all-reduce. gloo matches collectives by their issue order, and
+with two buckets that order differs between workers whenever the link's
+timing does: with DDP's default buckets (1 MiB, then 25 MiB: two buckets on
+the default 4.99M MLP) a worker aborted on the shaped links with
+`op.preamble.length <= op.nbytes. 7168 vs 3072 ... collective mismatch` (a
+chunk of bucket 0's Q against one of bucket 1's biases) and the other saw
+`Connection reset by peer`. In one bucket the three run in one order, after
+the backward pass, as the TensorFlow loop's exchange does.
 
 The rendezvous is a `tcp://` store at worker 0's address and port of
 `TF_CONFIG`; gloo binds the worker's own interface (`GLOO_SOCKET_IFNAME`: its
@@ -73,7 +87,7 @@ def model_bits(shapes, hook, num_workers):
         low_rank += size
         continue
     uncompressed += size
-  # Three all-reduces per bucket: the uncompressed tensors, P, Q.
+  # One bucket, three all-reduces: the uncompressed tensors, P, Q.
   return _ring_bits(32 * (factors + uncompressed), num_workers), low_rank
 
 
@@ -115,8 +129,13 @@ def run_worker(args):
     modules.append(torch.nn.Linear(n_in, n_out))
     if i < len(layers) - 2:
       modules.append(torch.nn.ReLU())
-  model = torch.nn.parallel.DistributedDataParallel(
-      torch.nn.Sequential(*modules))
+  net = torch.nn.Sequential(*modules)
+  buckets = {}
+  if hook not in (None, "fp16"):
+    # PowerSGD: one bucket, or the buckets' chained all-reduces race (above).
+    buckets["bucket_cap_mb"] = (
+        sum(p.numel() for p in net.parameters()) * 4 / 2**20 + 1)
+  model = torch.nn.parallel.DistributedDataParallel(net, **buckets)
   state = None
   if hook == "fp16":
     model.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -157,6 +176,10 @@ def run_worker(args):
     raise RuntimeError(
         f"PowerSGDState.iter is {state.iter} after {args.warmup + args.steps} "
         "steps: the hook did not run once per step.")
+  if state is not None and len(state.p_memory_dict) != 1:
+    raise RuntimeError(
+        f"PowerSGD compressed {len(state.p_memory_dict)} DDP buckets: the "
+        "gradients must be one bucket (see the module docstring).")
   bits, low_rank = model_bits(shapes, hook, num_workers)
   result = {
       "method": args.method,
