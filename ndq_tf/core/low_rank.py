@@ -25,7 +25,8 @@ residuals and `Q` as they were. Residuals are kept in the units of the
 gradients the strategy reduces (Keras unscales them first).
 
 State (`LowRankStore`, per call signature): `Q` of every matrix in one
-host variable, one residual variable per local sender on its device, and
+host variable, one residual variable per matrix and local sender on the
+sender's device, and
 the number of senders the residuals were made for: residuals made for
 another number (a restore into another cluster) are reset to zeros, with
 a warning. Saved with the strategy (`tf.train.Checkpoint` through the
@@ -49,10 +50,10 @@ __all__ = ["LowRankStore", "Layout", "exchange"]
 #: Rounds' tags (`ExchangeEngine.run_round`): fallback, `P`, `Q`.
 FALLBACK_ROUND, P_ROUND, Q_ROUND = 0, 1, 2
 
-#: One matrix sent low rank: its tensor's index, view, rank, and offsets in
-#: the residual (`rows·cols` values) and `Q` (`cols·k` values) buffers.
-Matrix = collections.namedtuple(
-    "Matrix", ["index", "rows", "cols", "rank", "residual_at", "q_at"])
+#: One matrix sent low rank: its tensor's index, view, rank, and offset in
+#: the flat buffer of every matrix's `Q` (`cols·k` values each).
+Matrix = collections.namedtuple("Matrix",
+                                ["index", "rows", "cols", "rank", "q_at"])
 
 
 class Layout:
@@ -65,22 +66,21 @@ class Layout:
 
   def __init__(self, shapes, config):
     self.matrices, self.fallback = [], []
-    residual_at = q_at = 0
+    elements = q_at = 0
     for index, shape in enumerate(shapes):
       view = low_rank_ops.matrix_shape(shape)
       rate = (low_rank_ops.compression_rate(*view, config.rank) if view
               else 0.0)
       if view and rate > 0 and rate >= config.min_compression_rate:
         k = low_rank_ops.effective_rank(*view, config.rank)
-        self.matrices.append(Matrix(index, view[0], view[1], k, residual_at,
-                                    q_at))
-        residual_at += view[0] * view[1]
+        self.matrices.append(Matrix(index, view[0], view[1], k, q_at))
+        elements += view[0] * view[1]
         q_at += view[1] * k
       else:
         self.fallback.append(index)
-    self.residual_size, self.q_size = residual_at, q_at
+    self.q_size = q_at
     self.num_elements = sum(math.prod(s) for s in shapes)
-    self.low_rank_elements = residual_at
+    self.low_rank_elements = elements
     self.rank = max((m.rank for m in self.matrices), default=0)
 
 
@@ -117,10 +117,11 @@ class LowRankStore(tf.Module):
     return self._variable(self.senders, signature,
                           lambda: tf.zeros([], tf.int32), self._device)
 
-  def residual_for(self, signature, sender, device, size):
-    """Sender `sender`'s `[size]` residual, on `device`."""
-    return self._variable(self.residuals, f"{signature}_{sender}",
-                          lambda: tf.zeros([size], tf.float32), device)
+  def residual_for(self, signature, sender, device, matrix):
+    """Sender `sender`'s residual of a `Matrix` (`[rows, cols]`), on `device`."""
+    return self._variable(
+        self.residuals, f"{signature}_{sender}_{matrix.index}",
+        lambda: tf.zeros([matrix.rows, matrix.cols], tf.float32), device)
 
   def save(self, store):
     """Writes every variable into a dict-like `store` (keys `lowrank_*`)."""
@@ -168,11 +169,9 @@ class _Capture:
     return []
 
 
-def _matrices(flat, matrices, at, rows, cols):
-  """Per-matrix `[rows, cols]` views of a flat buffer (`at`, sizes by name)."""
-  return [tf.reshape(flat[getattr(m, at):getattr(m, at)
-                          + getattr(m, rows) * getattr(m, cols)],
-                     [getattr(m, rows), getattr(m, cols)])
+def _factors(flat, matrices):
+  """Each matrix's `[cols, k]` `Q` from the flat buffer of all of them."""
+  return [tf.reshape(flat[m.q_at:m.q_at + m.cols * m.rank], [m.cols, m.rank])
           for m in matrices]
 
 
@@ -244,8 +243,8 @@ def exchange(engine, transports, senders, step, mean, divisor,
   if layout.matrices:
     q_variable = store.factors_for(signature, lambda: initial_q(base()))
     count = store.senders_for(signature)
-    residuals = [store.residual_for(signature, s.index, s.device,
-                                    layout.residual_size) for s in senders]
+    residuals = [[store.residual_for(signature, s.index, s.device, m)
+                  for m in layout.matrices] for s in senders]
     with tf.init_scope():
       made_for = int(count.numpy()) if tf.executing_eagerly() else None
     if made_for not in (None, 0, num_senders):
@@ -303,15 +302,15 @@ def exchange(engine, transports, senders, step, mean, divisor,
       q_flat = q_old if config.warm_start else initial_q(
           random_ops.fold_seed(base(), step))
       valid = tf.equal(count.read_value(), num_senders)
-      qs = _orthogonalize_all(_matrices(q_flat, layout.matrices, "q_at",
-                                        "cols", "rank"),
+      qs = _orthogonalize_all(_factors(q_flat, layout.matrices),
                               config.orthogonalization_epsilon)
     ms, ps = [], []
     for j, s in enumerate(senders):
       with tf.device(s.device):
-        residual = tf.where(valid, residuals[j].read_value(), 0.0)
-        views = _matrices(residual, layout.matrices, "residual_at", "rows",
-                          "cols")
+        # Residuals made for another number of senders restart from zeros.
+        views = [tf.cond(valid, v.read_value,
+                         lambda x=x: tf.zeros([x.rows, x.cols], tf.float32))
+                 for v, x in zip(residuals[j], layout.matrices)]
         m = [tf.reshape(tf.cast(s.tensors[x.index], tf.float32),
                         [x.rows, x.cols]) + e
              for x, e in zip(layout.matrices, views)]
@@ -355,11 +354,11 @@ def exchange(engine, transports, senders, step, mean, divisor,
     updates = []
     for j, s in enumerate(senders):
       with tf.device(s.device):
-        new = _flat(residual_parts[j])
-        variable = residuals[j]
+        def store_new(j=j):  # A non-finite step keeps the old residuals.
+          return [v.assign(e, read_value=True)
+                  for v, e in zip(residuals[j], residual_parts[j])]
         updates.append(tf.cond(
-            finite, lambda v=variable, n=new: v.assign(n, read_value=True),
-            lambda v=variable: v.read_value()))
+            finite, store_new, lambda j=j: [v.read_value() for v in residuals[j]]))
     with tf.device(engine.device):
       updates.append(q_variable.assign(
           tf.where(finite, _flat(q_mean), q_old)))

@@ -82,7 +82,7 @@ def test_fit_keeps_replicas_identical_and_a_restore_continues_bitwise(
   assert stats["low_rank_fraction"] == (1536 + 320) / (1536 + 320 + 64)
   assert history.history["sent_bits_per_element"][-1] < 8
   residuals = strategy.compression_engine.low_rank.residuals
-  assert len(residuals) == NUM_REPLICAS
+  assert len(residuals) == 2 * NUM_REPLICAS  # Two matrices per replica.
   assert len({v.device for v in residuals.values()}) == NUM_REPLICAS
 
   # Restored into a new strategy and model: the same weights at the end.
