@@ -118,7 +118,7 @@ class LowRankStore(tf.Module):
                           lambda: tf.zeros([], tf.int32), self._device)
 
   def residual_for(self, signature, sender, device, matrix):
-    """Sender `sender`'s residual of a `Matrix` (`[rows, cols]`), on `device`."""
+    """Sender `sender`'s `[rows, cols]` residual of a `Matrix`, on `device`."""
     return self._variable(
         self.residuals, f"{signature}_{sender}_{matrix.index}",
         lambda: tf.zeros([matrix.rows, matrix.cols], tf.float32), device)
@@ -354,11 +354,14 @@ def exchange(engine, transports, senders, step, mean, divisor,
     updates = []
     for j, s in enumerate(senders):
       with tf.device(s.device):
-        def store_new(j=j):  # A non-finite step keeps the old residuals.
+        def store_new(j=j):
           return [v.assign(e, read_value=True)
                   for v, e in zip(residuals[j], residual_parts[j])]
-        updates.append(tf.cond(
-            finite, store_new, lambda j=j: [v.read_value() for v in residuals[j]]))
+
+        def keep_old(j=j):  # A non-finite step keeps the old residuals.
+          return [v.read_value() for v in residuals[j]]
+
+        updates.append(tf.cond(finite, store_new, keep_old))
     with tf.device(engine.device):
       updates.append(q_variable.assign(
           tf.where(finite, _flat(q_mean), q_old)))
