@@ -132,3 +132,32 @@ def test_strategies_refuse_a_nested_factor_codec_by_name():
   with pytest.raises(ValueError, match="exchange='reduce_scatter'"):
     MirroredStrategy(codec=ndq_tf.PowerSGD(factor_codec="float32"),
                      devices=_devices(), exchange="reduce_scatter")
+
+
+def test_residuals_are_in_unscaled_units_under_loss_scaling():
+  """Keras unscales before the all-reduce: the residuals do not see 2**10."""
+  x, y = _data()
+  residuals = []
+  for scaled in (False, True):
+    strategy = MirroredStrategy(
+        codec=ndq_tf.PowerSGD(rank=1, factor_codec="float32",
+                              fallback_codec="float32", start_step=0),
+        devices=_devices()[:2], min_elements=64)
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+      model = keras.Sequential([keras.Input((24,)),
+                                keras.layers.Dense(64, activation="relu"),
+                                keras.layers.Dense(5)])
+      optimizer = keras.optimizers.SGD(0.01)
+      if scaled:
+        optimizer = ndq_tf.keras.LossScaleOptimizer(optimizer,
+                                                    initial_scale=2.0**10)
+      model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(
+          from_logits=True))
+    _fit(model, x[:2 * BATCH], y[:2 * BATCH])
+    store = strategy.compression_engine.low_rank
+    residuals.append([store.residuals[k].numpy()
+                      for k in sorted(store.residuals)])
+  assert any(np.abs(r).max() > 0 for r in residuals[0])
+  for a, b in zip(*residuals):
+    np.testing.assert_array_equal(a, b)
