@@ -166,7 +166,8 @@ class CompressionOptions:
 
   Args:
     codec: the gradient codec: an `ndq_tf` codec, a spec string
-      (`"dqsg:num_levels=3"`) or a config dict.
+      (`"dqsg:num_levels=3"`) or a config dict; or `ndq_tf.PowerSGD`
+      (`"powersgd:rank=4"`), low-rank factors with error feedback.
     min_elements: tensors with fewer elements travel losslessly (int >= 1).
     seed: base seed of the dither, an integer in `[-2**31, 2**31)`.
     compress_indexed_slices: densify `IndexedSlices` (embedding gradients)
