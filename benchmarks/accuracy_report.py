@@ -2,10 +2,13 @@
 
 benchmarks/accuracy_vs_bits.py writes one JSON per (workload, row, seed);
 `write_report` reads every JSON of a folder, keeps for each workload the
-newest configuration (recipe and code version) of its most recent run, and
-writes a table per workload and one PNG with a panel per workload (the
-metric against bits per element, each row's seed spread as error bars,
-float32's spread as a horizontal band), then the issue's checks (every row
+newest configuration (recipe and replicas) of its most recent run and, for
+each row, the code version of that row's most recent run (so that rows
+added later, such as the low-rank ones, join the runs made before them;
+the table names each row's code when they differ), and writes a table per
+workload and one PNG with a panel per workload (the metric against bits
+per element, each row's seed spread as error bars, float32's spread as a
+horizontal band), then the issue's checks (every row
 has 3 seeds, float32 meets the recipe's floor, unrotated ternary sits at
 least 1 point or 3% from float32) and rotation's verdict (`rotation_verdict`:
 what rotated ternary buys beyond the seeds' spread, its measured cost per
@@ -55,23 +58,43 @@ def _higher_is_better(workload):
 
 def _version(run):
   c = run["config"]
-  return json.dumps([c["recipe"], c["code"], c["replicas"]], sort_keys=True)
+  return json.dumps([c["recipe"], c["replicas"]], sort_keys=True)
+
+
+def _newest(runs, key):
+  """The runs whose `key` is that of the most recently finished one."""
+  newest = key(max(runs, key=lambda r: r["finished_utc"]))
+  return [r for r in runs if key(r) == newest]
 
 
 def select(runs):
   """{workload: runs of its newest version}, older versions dropped.
 
-  A version is (recipe, code, replicas); the newest is that of the
-  workload's most recently finished run.
+  A workload's version is (recipe, replicas), the newest that of its most
+  recently finished run; within it, each row keeps the runs of its own
+  most recent code version.
   """
   out = {}
   by_workload = collections.defaultdict(list)
   for r in runs:
     by_workload[r["config"]["workload"]].append(r)
   for workload, rs in by_workload.items():
-    newest = _version(max(rs, key=lambda r: r["finished_utc"]))
-    out[workload] = [r for r in rs if _version(r) == newest]
+    by_row = collections.defaultdict(list)
+    for r in _newest(rs, _version):
+      by_row[r["config"]["row"]["name"]].append(r)
+    out[workload] = [r for row_runs in by_row.values()
+                     for r in _newest(row_runs, lambda r: r["config"]["code"])]
   return out
+
+
+def _mean_of(runs, key):
+  """The mean of `key` over `runs` (numbers or dicts), None if one lacks it."""
+  values = [r.get(key) for r in runs]
+  if any(v is None for v in values):
+    return None
+  if isinstance(values[0], dict):
+    return {k: statistics.mean(v[k] for v in values) for k in values[0]}
+  return statistics.mean(values)
 
 
 def _mean_spread(values):
@@ -112,6 +135,12 @@ def summarize(runs):
         "model_ms": {k: statistics.mean(r["model_exchange_ms"][k] for r in rs)
                      for k in rs[0]["model_exchange_ms"]},
         "step_ms": statistics.mean(r["median_step_ms"] for r in rs),
+        "code": rs[0]["config"]["code"],
+        # Low-rank rows: their PowerSGD keywords, and the steps after the
+        # warm-up (None for the others).
+        "low_rank": rs[0]["config"]["row"].get("low_rank"),
+        "steady_bits": _mean_of(rs, "steady_bits_per_element"),
+        "steady_model_ms": _mean_of(rs, "steady_model_exchange_ms"),
     })
   return out
 
@@ -253,6 +282,35 @@ def findings(selected, summaries, rows):
   return lines
 
 
+def _codec_cell(s):
+  if s["low_rank"]:
+    return "`ndq_tf.PowerSGD(" + ", ".join(
+        f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+        for k, v in s["low_rank"].items()) + ")`"
+  codec = f"`{s['codec']}`"
+  if s["options"].get("reference_codec"):
+    codec += (f" + reference `{s['options']['reference_codec']}` on "
+              f"{s['options'].get('reference_replicas')} replicas")
+  return codec
+
+
+def _with_steady(value, steady, digits):
+  """`value`, then the low rank's value after the warm-up in parentheses."""
+  return f"{value:.{digits}f}" + (
+      "" if steady is None else f" ({steady:.{digits}f})")
+
+
+def _codes(summary):
+  """The code version, or each version and its rows when they differ."""
+  rows = collections.OrderedDict()
+  for s in summary:
+    rows.setdefault(s["code"], []).append(s["name"])
+  if len(rows) == 1:
+    return f"code {next(iter(rows))}"
+  return "code " + "; ".join(f"{code} ({', '.join(names)})"
+                             for code, names in rows.items())
+
+
 def _table(workload, runs, summary):
   r0 = runs[0]
   metric_name = r0["metric_name"]
@@ -274,19 +332,17 @@ def _table(workload, runs, summary):
     exchange = s["transport"] + (
         f" (priced as {s['priced_as']})" if s["priced_as"] != s["transport"]
         else "")
-    codec = f"`{s['codec']}`"
-    if s["options"].get("reference_codec"):
-      codec += (f" + reference `{s['options']['reference_codec']}` on "
-                f"{s['options'].get('reference_replicas')} replicas")
-    cells = [s["label"], codec, exchange,
+    cells = [s["label"], _codec_cell(s), exchange,
              ",".join(map(str, s["seeds"])),
              f"{s['metric']:.{digits}f} ± {s['spread']:.{digits}f}", paired]
     if not higher:
       cells.append("—" if s["relative"] is None else
                    f"{100 * s['relative'][0]:+.2f} ± "
                    f"{100 * s['relative'][1]:.2f}")
-    cells += [f"{s['bits']:.3f}"] + [
-        f"{s['model_ms'][k]:.1f}" for k in links] + [f"{s['step_ms']:.0f}"]
+    steady_ms = s["steady_model_ms"] or {}
+    cells += [_with_steady(s["bits"], s["steady_bits"], 3)] + [
+        _with_steady(s["model_ms"][k], steady_ms.get(k), 1)
+        for k in links] + [f"{s['step_ms']:.0f}"]
     lines.append("| " + " | ".join(cells) + " |")
   c = r0["config"]
   recipe = ", ".join(f"{k}={v}" for k, v in c["recipe"].items())
@@ -294,7 +350,7 @@ def _table(workload, runs, summary):
           f"Recipe: {recipe}; {c['replicas']} replicas; "
           f"{r0['parameters']:,} parameters ({r0['compressed_elements']:,} "
           f"compressed, {r0['lossless_elements']:,} sent losslessly), "
-          f"{r0['steps']:,} steps; code {c['code']}. Higher is "
+          f"{r0['steps']:,} steps; {_codes(summary)}. Higher is "
           f"{'better' if higher else 'worse'}.", ""] + lines + [""]
 
 
@@ -307,7 +363,7 @@ def _plot(selected, summaries, path):
                            figsize=(6.5 * len(workloads), 4.8), squeeze=False)
   for ax, workload in zip(axes[0], workloads):
     summary = summaries[workload]
-    markers = "osD^v<>ph*"
+    markers = "osD^v<>ph*XPd8"
     for i, s in enumerate(summary):
       if s["name"] == "float32":
         # A band, so that every row can be read against float32's own
@@ -328,6 +384,35 @@ def _plot(selected, summaries, path):
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def _low_rank_note(selected, summaries):
+  """The low-rank rows' paragraph, when any ran (else no line)."""
+  starts, fallbacks = {}, set()
+  for workload, summary in summaries.items():
+    for s in summary:
+      if s["low_rank"]:
+        steps = selected[workload][0]["steps"]
+        starts[workload] = (s["low_rank"]["start_step"], steps)
+        fallbacks.add(f"`{s['low_rank']['fallback_codec']}`")
+  if not starts:
+    return []
+  warm = ", ".join(f"{start:,} of {steps:,} on {workload}"
+                   for workload, (start, steps) in starts.items())
+  return [
+      "**Low-rank rows** (`ndq_tf.PowerSGD`, issue #34): their first "
+      f"steps (`start_step`: {warm}) send every tensor with the fallback "
+      f"codec ({', '.join(sorted(fallbacks))}) before the low rank starts "
+      "(the warm-up). "
+      "Their **bits/element** and **model exchange ms** are the mean over "
+      "every step of the run, warm-up included, as for the other rows; in "
+      "parentheses, the steady state: the mean over the steps after the "
+      "warm-up. The cost model prices a low-rank step as its three "
+      "exchanges (the fallback codec's tensors, then the factors `P` and "
+      "`Q`), all-reduced like PyTorch's hook; the plot places them at the "
+      "mean.",
+      "",
+  ]
 
 
 def write_report(runs_dir, report_dir, rows=None):
@@ -375,6 +460,7 @@ def write_report(runs_dir, report_dir, rows=None):
       "crosses a link (2 shared cores: compare roughly).",
       "",
   ]
+  lines += _low_rank_note(selected, summaries)
   for workload, runs_of in selected.items():
     lines += _table(workload, runs_of, summaries[workload])
   if rows is None:

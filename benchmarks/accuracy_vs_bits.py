@@ -38,6 +38,14 @@ the pace of its smoke runs (`STEP_SECONDS`), up to 4 when another job
 shares the cores; the script prints its own estimate first and a new one
 after every run.
 
+The low-rank rows (`ndq_tf.PowerSGD`, issue #34: `psgd1`, `psgd4` with
+float32 factors, `psgd1_dq`, `psgd4_dq` with DQSG M=3 factors, ternary DQSG
+for the vectors and the warm-up) are not in the default `--rows`: name
+them. Their warm-up (`start_step`) is the first 10% of each run's steps
+(`WARM_UP_FRACTION`: 234 of vision's 2,340, 100 of chars' 1,000), and
+their runs also record the bits per element after it and the cost model's
+exchange at the low rank (the factors all-reduced, as PyTorch's hook).
+
 Examples:
 
   # smoke: tiny models, seconds per run, numbers meaningless
@@ -46,6 +54,7 @@ Examples:
   python benchmarks/accuracy_vs_bits.py --report --runs_dir=/tmp/avb \
       --report_dir=/tmp/avb
   python benchmarks/accuracy_vs_bits.py            # the grid, resumable
+  python benchmarks/accuracy_vs_bits.py --rows=psgd1,psgd4,psgd1_dq,psgd4_dq
   python benchmarks/accuracy_vs_bits.py --report   # the docs, from the runs
 """
 
@@ -71,8 +80,9 @@ import accuracy_report
 import accuracy_workloads as workloads
 import common
 
-__all__ = ["Row", "ROWS", "NUM_REPLICAS", "LINKS_GBPS", "code_version",
-           "run_key", "run_grid", "estimate_seconds"]
+__all__ = ["Row", "ROWS", "DEFAULT_ROWS", "NUM_REPLICAS", "LINKS_GBPS",
+           "WARM_UP_FRACTION", "warm_up_steps", "code_version", "run_key",
+           "run_grid", "estimate_seconds"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(_HERE)
@@ -91,17 +101,47 @@ class Row:
       `"all_gather"`, the exchange `"auto"` picks on one machine's CPU.
     priced_as: the exchange the cost model prices (default: the one that
       ran).
+    low_rank: for an `ndq_tf.PowerSGD` row (`codec` `"powersgd"`), its
+      keywords as (name, value) pairs, codecs as spec strings, without
+      `start_step` (`low_rank_kwargs` adds it).
+    default: whether the grid runs it when `--rows` is not given.
   """
   name: str
   label: str
   codec: str
   options: tuple = ()
   priced_as: str = ""
+  low_rank: tuple = ()
+  default: bool = True
 
   def strategy_kwargs(self):
     kwargs = {"transport": "all_gather"}
     kwargs.update(dict(self.options))
     return kwargs
+
+  def low_rank_kwargs(self, steps):
+    """`ndq_tf.PowerSGD`'s keywords for a run of `steps` steps, or None."""
+    if not self.low_rank:
+      return None
+    return dict(self.low_rank, start_step=warm_up_steps(steps))
+
+
+#: The low-rank rows' warm-up: this fraction of a run's steps sends every
+#: tensor with the fallback codec before the low rank starts (PyTorch's
+#: `start_powerSGD_iter`; issue #34: low rank needs a warm-up).
+WARM_UP_FRACTION = 0.1
+
+
+def warm_up_steps(steps):
+  """The low-rank rows' `start_step` for a run of `steps` steps (>= 1)."""
+  return max(1, int(steps * WARM_UP_FRACTION))
+
+
+def _psgd(name, rank, factor_codec, label):
+  return Row(name, f"PowerSGD r={rank}{label}, warm-up 10%", "powersgd",
+             priced_as="all_reduce", default=False,
+             low_rank=(("rank", rank), ("factor_codec", factor_codec),
+                       ("fallback_codec", "dqsg")))
 
 
 _NESTED = (("reference_codec", "dqsg:num_levels=3,bucket_size=512"),
@@ -125,8 +165,16 @@ ROWS = (
     Row("dqsg1_rs", "DQSG M=1, reduce-scatter",
         "dqsg:num_levels=1,bucket_size=512",
         (("transport", "reduce_scatter"),)),
+    # Low rank (#34), named by --rows: float32 factors (PyTorch's), then
+    # DQSG M=3 factors; ternary DQSG for the vectors and the warm-up.
+    _psgd("psgd1", 1, "float32", ""),
+    _psgd("psgd4", 4, "float32", ""),
+    _psgd("psgd1_dq", 1, "dqsg:num_levels=3", ", DQSG M=3 factors"),
+    _psgd("psgd4_dq", 4, "dqsg:num_levels=3", ", DQSG M=3 factors"),
 )
 _BY_NAME = {r.name: r for r in ROWS}
+#: What the grid runs without --rows.
+DEFAULT_ROWS = tuple(r.name for r in ROWS if r.default)
 
 NUM_REPLICAS = 4
 #: Link rates of the cost model's columns, Gbit/s.
@@ -142,8 +190,10 @@ RUN_OVERHEAD_SECONDS = {"vision": 15.0, "chars": 15.0}
 _WORKLOADS = flags.DEFINE_list(
     "workloads", list(workloads.WORKLOADS),
     f"Workloads, a subset of {list(workloads.WORKLOADS)}.")
-_ROWS = flags.DEFINE_list("rows", [r.name for r in ROWS],
-                          f"Rows, a subset of {[r.name for r in ROWS]}.")
+_ROWS = flags.DEFINE_list(
+    "rows", list(DEFAULT_ROWS),
+    f"Rows, a subset of {[r.name for r in ROWS]} (the low-rank ones only "
+    "when named).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"],
                            "Seeds (weights, batch order, dither).")
 _TINY = flags.DEFINE_bool(
@@ -206,14 +256,20 @@ def code_version(repo=_REPO):
 def run_key(workload, recipe, row, seed, code, data=None):
   """`(config, digest)`: a run's whole configuration and its file key.
 
-  `data`: what identifies the data (`accuracy_workloads.data_source`).
+  `data`: what identifies the data (`accuracy_workloads.data_source`). A
+  low-rank row's key holds its `ndq_tf.PowerSGD` keywords, `start_step`
+  included.
   """
+  row_config = {"name": row.name, "codec": row.codec,
+                "options": row.strategy_kwargs()}
+  if row.low_rank:
+    row_config["low_rank"] = row.low_rank_kwargs(
+        workloads.steps_of(workload, recipe))
   config = {
       "workload": workload,
       "data": data or {},
       "recipe": dataclasses.asdict(recipe),
-      "row": {"name": row.name, "codec": row.codec,
-              "options": row.strategy_kwargs()},
+      "row": row_config,
       "exchange": row.strategy_kwargs()["transport"],
       "seed": seed,
       "replicas": NUM_REPLICAS,
@@ -230,8 +286,8 @@ def run_path(runs_dir, workload, row, seed, digest):
 
 # -- One run ------------------------------------------------------------------
 
-def make_strategy(row, seed, devices):
-  """The row's `ndq_tf.MirroredStrategy` on `devices`."""
+def make_strategy(row, seed, devices, steps):
+  """The row's `ndq_tf.MirroredStrategy` on `devices`, for `steps` steps."""
   import ndq_tf  # pylint: disable=g-import-not-at-top
   kwargs = row.strategy_kwargs()  # Recorded under the names of release 0.1.
   kwargs["exchange"] = kwargs.pop("transport")
@@ -239,18 +295,29 @@ def make_strategy(row, seed, devices):
     kwargs["reference_group"] = kwargs.pop("reference_replicas")
   if "reference_codec" in kwargs:
     kwargs["reference_codec"] = ndq_tf.codecs.get(kwargs["reference_codec"])
-  return ndq_tf.MirroredStrategy(codec=ndq_tf.codecs.get(row.codec),
-                                 devices=devices, seed=seed, **kwargs)
+  low_rank = row.low_rank_kwargs(steps)
+  codec = (ndq_tf.PowerSGD(**low_rank) if low_rank
+           else ndq_tf.codecs.get(row.codec))
+  return ndq_tf.MirroredStrategy(codec=codec, devices=devices, seed=seed,
+                                 **kwargs)
 
 
-def _recorder(keras, strategy):
-  """A callback summing every step's telemetry and timing the steps."""
+def _recorder(keras, strategy, first_step=None):
+  """A callback summing every step's telemetry and timing the steps.
+
+  Under a low-rank codec, `warm_up` sums the steps of the warm-up (the
+  telemetry's `rank` 0: the fallback codec alone) and `steady` the others.
+  `first_step(stats)`, if given, is called with the first step's telemetry
+  (a check that fails the run there rather than at its end).
+  """
 
   class Recorder(keras.callbacks.Callback):
 
     def __init__(self):
       super().__init__()
       self.sums = collections.Counter()
+      self.warm_up = collections.Counter()
+      self.steady = collections.Counter()
       self.step_seconds = []
       self.last = None
       self._t = None
@@ -271,48 +338,110 @@ def _recorder(keras, strategy):
       elements = s["compressed_elements"] + s["lossless_elements"]
       self.sums["sent_bits"] += s["sent_bits"]
       self.sums["element_sends"] += elements * s["local_senders"]
+      if first_step is not None and len(self.step_seconds) == 1:
+        first_step(s)
+      if "rank" in s:
+        part = self.steady if s["rank"] else self.warm_up
+        part["steps"] += 1
+        part["sent_bits"] += s["sent_bits"]
+        part["element_sends"] += elements * s["local_senders"]
+        if s["rank"]:
+          self.steady["low_rank_fraction"] = s["low_rank_fraction"]
+          self.steady["rank"] = s["rank"]
       self.last = s
 
   return Recorder()
 
 
-def _model_exchange_ms(row, strategy, stats):
-  """{link Gbit/s: ms} of one step's exchange among NUM_REPLICAS workers."""
+def _rounds_ms(rounds, name, lossless_elements):
+  """{link Gbit/s: ms} of exchanges `[(codecs, elements)]` named `name`."""
   from ndq_tf import theory  # pylint: disable=g-import-not-at-top
   from ndq_tf.core import cost_model  # pylint: disable=g-import-not-at-top
-  options = strategy.compressed_all_reduce.options
-  codecs = options.sender_codecs(NUM_REPLICAS)
-  name = row.priced_as or stats["transport"]
-  n = stats["compressed_elements"]
   out = {}
   for gbps in LINKS_GBPS:
-    seconds = cost_model.exchange_seconds(codecs, n, NUM_REPLICAS, name,
-                                          link_gbps=gbps)
+    seconds = sum(cost_model.exchange_seconds(codecs, n, NUM_REPLICAS, name,
+                                              link_gbps=gbps)
+                  for codecs, n in rounds if n)
     # The small tensors travel beside the payload as a float32 ring.
     seconds += theory.ring_all_reduce_bits(
-        32 * stats["lossless_elements"], NUM_REPLICAS) / (gbps * 1e9)
+        32 * lossless_elements, NUM_REPLICAS) / (gbps * 1e9)
     out[f"{gbps:g}"] = 1e3 * seconds
-  return name, out
+  return out
+
+
+def _low_rank_rounds(config, shapes, min_elements, compressed_elements):
+  """`[(codec, elements)]` of a low-rank step: fallback, `P`, `Q` rounds.
+
+  From `ndq_tf.core.low_rank.Layout` of the compressed tensors (those of
+  at least `min_elements`); checked against the telemetry's count.
+  """
+  from ndq_tf.core import low_rank  # pylint: disable=g-import-not-at-top
+  layout = low_rank.Layout(
+      [s for s in shapes if math.prod(s) >= min_elements], config)
+  if layout.num_elements != compressed_elements:
+    raise RuntimeError(
+        f"The low-rank layout counts {layout.num_elements} compressed "
+        f"elements, the telemetry {compressed_elements}: the model's "
+        "exchange would be mispriced.")
+  return [
+      (config.fallback_codec, layout.num_elements - layout.low_rank_elements),
+      (config.factor_codec, sum(m.rows * m.rank for m in layout.matrices)),
+      (config.factor_codec, sum(m.cols * m.rank for m in layout.matrices))]
+
+
+def _model_exchange_ms(row, strategy, stats, rounds, warm_up_steps):
+  """`(name, mean, steady)`: one step's exchange among NUM_REPLICAS workers.
+
+  `mean` and `steady` are {link Gbit/s: ms}: `mean` over the run's steps;
+  for a low-rank row (`rounds` from `_low_rank_rounds`), `steady` is a
+  low-rank step's and the `warm_up_steps` are priced as the fallback codec
+  on every tensor; otherwise (`rounds` None) `steady` is None.
+  """
+  options = strategy.compressed_all_reduce.options
+  name = row.priced_as or stats["transport"]
+  n = stats["compressed_elements"]
+  lossless = stats["lossless_elements"]
+  full = _rounds_ms([(options.sender_codecs(NUM_REPLICAS), n)], name,
+                    lossless)
+  if rounds is None:
+    return name, full, None
+  steady = _rounds_ms([([codec] * NUM_REPLICAS, elements)
+                       for codec, elements in rounds], name, lossless)
+  steps = stats["exchange_count"]
+  mean = {k: (warm_up_steps * full[k] + (steps - warm_up_steps) * steady[k])
+          / steps for k in full}
+  return name, mean, steady
 
 
 def train_one(workload, recipe, row, seed, devices, data):
   """Trains one run; returns what its JSON holds besides the key."""
   import keras  # pylint: disable=g-import-not-at-top
   keras.backend.clear_session()
-  strategy = make_strategy(row, seed, devices)
+  strategy = make_strategy(row, seed, devices,
+                           workloads.steps_of(workload, recipe))
   keras.utils.set_random_seed(seed)
   with strategy.scope():
     model = workloads.build_model(keras, workload, recipe)
-  recorder = _recorder(keras, strategy)
+  options = strategy.compressed_all_reduce.options
+  rounds = []  # A low-rank step's, priced from the first step's counts.
+
+  def price_low_rank(stats):
+    if options.low_rank is not None:
+      rounds.extend(_low_rank_rounds(
+          options.low_rank, [list(v.shape) for v in model.trainable_variables],
+          options.min_elements, stats["compressed_elements"]))
+
+  recorder = _recorder(keras, strategy, price_low_rank)
   start = time.perf_counter()
   workloads.fit(model, workload, recipe, data, seed, [recorder])
   train_seconds = time.perf_counter() - start
   metric = workloads.evaluate(model, workload, recipe, data)
   stats = recorder.last
-  priced, model_ms = _model_exchange_ms(row, strategy, stats)
+  priced, model_ms, steady_ms = _model_exchange_ms(
+      row, strategy, stats, rounds or None, recorder.warm_up["steps"])
   steps = recorder.step_seconds
   later = steps[len(steps) // 10:] or steps
-  return {
+  result = {
       "metric": metric,
       "metric_name": workloads.METRICS[workload][0],
       "label": row.label,
@@ -330,6 +459,20 @@ def train_one(workload, recipe, row, seed, devices, data):
       "train_seconds": train_seconds,
       "model_exchange_ms": model_ms,
   }
+  if steady_ms is not None:  # Low rank: the warm-up, and what follows it.
+    warm_up, steady = recorder.warm_up, recorder.steady
+
+    def bits(sums):
+      return (sums["sent_bits"] / sums["element_sends"]
+              if sums["element_sends"] else None)
+
+    result.update(
+        warm_up_steps=warm_up["steps"],
+        warm_up_bits_per_element=bits(warm_up),
+        steady_bits_per_element=bits(steady),
+        steady_model_exchange_ms=steady_ms,
+        rank=steady["rank"], low_rank_fraction=steady["low_rank_fraction"])
+  return result
 
 
 def write_json(path, result):
@@ -442,8 +585,10 @@ def run_grid(workload_names, row_names, seeds, devices, runs_dir, recipes,
       left = len(runs) - i - 1
       log(f"[{workload} {row.name} seed {seed}] "
           f"{result['metric_name']} {result['metric']:.4f}, "
-          f"{result['bits_per_element']:.3f} bits/element "
-          f"({result['transport']}), {took:.0f} s; {left} left in this "
+          f"{result['bits_per_element']:.3f} bits/element"
+          + (f" ({result['steady_bits_per_element']:.3f} after the warm-up)"
+             if result.get("steady_bits_per_element") is not None else "")
+          + f" ({result['transport']}), {took:.0f} s; {left} left in this "
           f"workload, about {left * took / 60:.0f} min at this pace")
   return out
 

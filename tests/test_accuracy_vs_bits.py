@@ -1,10 +1,14 @@
 """benchmarks/accuracy_vs_bits.py on a tiny configuration.
 
 The char workload's smoke recipe (`TINY_RECIPES`: 3 steps of a width-16
-model, here without its transformer block) on a corpus of a few generated
-Python files, one seed, float32 and ternary DQSG: each run stores its JSON,
-a rerun trains nothing, and the report is written from the files alone.
-What the numbers are is the benchmark's business, not the test's.
+model, here without its transformer block and 64 wide) on a corpus of a
+few generated Python files, one seed, float32 and PowerSGD rank 1 (whose
+warm-up, one step of the three, is ternary DQSG alone): each run stores
+its JSON, a rerun trains nothing, and the report is written from the files
+alone. What the numbers are is the benchmark's business, not the test's,
+beyond the low rank sending fewer bits than its ternary fallback. (A
+low-rank run traces three rounds: about 8 s more than a ternary one, so
+it replaces the ternary row here rather than joining it.)
 """
 
 import dataclasses
@@ -26,7 +30,7 @@ import accuracy_vs_bits  # pylint: disable=wrong-import-position
 import accuracy_workloads  # pylint: disable=wrong-import-position
 import common  # pylint: disable=wrong-import-position
 
-_ROWS = ["float32", "dqsg1"]
+_ROWS = ["float32", "psgd1"]
 
 
 def _corpus(folder):
@@ -49,9 +53,10 @@ def test_runs_are_stored_skipped_on_rerun_and_reported(tmp_path):
   runs_dir = str(tmp_path / "runs")
   # No transformer block: tracing one on 4 replicas costs seconds per
   # codec, and what is tested here is the storing, skipping and reporting
-  # (`--tiny` runs the block).
+  # (`--tiny` runs the block). 64 wide, so that rank-1 float32 factors
+  # (`(rows + cols)·32` bits a matrix) are fewer bits than ternary codes.
   recipes = {"chars": dataclasses.replace(
-      accuracy_workloads.TINY_RECIPES["chars"], blocks=0)}
+      accuracy_workloads.TINY_RECIPES["chars"], blocks=0, width=64)}
 
   def grid():
     return accuracy_vs_bits.run_grid(["chars"], _ROWS, [0], _devices(),
@@ -69,7 +74,21 @@ def test_runs_are_stored_skipped_on_rerun_and_reported(tmp_path):
     assert r["steps"] == recipes["chars"].steps
     assert r["model_exchange_ms"]["0.1"] > r["model_exchange_ms"]["1"] > 0
   assert runs["float32"]["bits_per_element"] == 32.0
-  assert 1.0 < runs["dqsg1"]["bits_per_element"] < 8.0
+  # Low rank: step 1 of 3 is the warm-up (ternary DQSG on every tensor),
+  # then every matrix goes rank 1.
+  low = runs["psgd1"]
+  assert low["config"]["row"]["low_rank"] == {
+      "rank": 1, "factor_codec": "float32", "fallback_codec": "dqsg",
+      "start_step": 1}
+  assert low["warm_up_steps"] == 1 and low["rank"] == 1
+  assert low["low_rank_fraction"] == 1.0
+  assert 1.0 < low["warm_up_bits_per_element"] < 8.0
+  assert (low["steady_bits_per_element"] < low["bits_per_element"]
+          < low["warm_up_bits_per_element"])
+  assert low["priced_as"] == "all_reduce"
+  for link in ("0.1", "1"):
+    assert 0 < low["steady_model_exchange_ms"][link]
+    assert 0 < low["model_exchange_ms"][link]
 
   second = grid()
   assert not second["trained"]
@@ -77,7 +96,9 @@ def test_runs_are_stored_skipped_on_rerun_and_reported(tmp_path):
 
   md, png = accuracy_report.write_report(runs_dir, str(tmp_path / "report"))
   text = open(md).read()
-  assert "DQSG M=1" in text and "bits per character" in text
+  assert "bits per character" in text
+  assert "PowerSGD r=1" in text and "**Low-rank rows**" in text
+  assert f"({low['steady_bits_per_element']:.3f})" in text
   with open(png, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
@@ -95,6 +116,39 @@ def test_key_changes_with_seed_recipe_and_code():
                                "abc")[1],
   ]
   assert key not in others and len(set(others)) == len(others)
+
+
+def test_low_rank_rows_are_named_not_default_and_keyed_by_warm_up():
+  rows = {r.name: r for r in accuracy_vs_bits.ROWS}
+  low_rank = ["psgd1", "psgd4", "psgd1_dq", "psgd4_dq"]
+  assert all(rows[name].low_rank for name in low_rank)
+  assert not set(low_rank) & set(accuracy_vs_bits.DEFAULT_ROWS)
+  assert len(accuracy_vs_bits.DEFAULT_ROWS) == 10
+  # 10% of vision's 2,340 steps and of chars' 1,000.
+  for workload, start in (("vision", 234), ("chars", 100)):
+    config, _ = accuracy_vs_bits.run_key(
+        workload, accuracy_workloads.RECIPES[workload], rows["psgd4_dq"], 0,
+        "abc")
+    assert config["row"]["low_rank"] == {
+        "rank": 4, "factor_codec": "dqsg:num_levels=3",
+        "fallback_codec": "dqsg", "start_step": start}
+  config, _ = accuracy_vs_bits.run_key(
+      "chars", accuracy_workloads.RECIPES["chars"], rows["dqsg1"], 0, "abc")
+  assert "low_rank" not in config["row"]
+
+
+def test_report_keeps_each_rows_newest_code():
+  def run(row, code, finished, recipe=None):
+    return {"finished_utc": finished, "config": {
+        "workload": "chars", "recipe": recipe or {"steps": 3},
+        "replicas": 4, "code": code, "row": {"name": row}}}
+  runs = [run("float32", "old", "1"), run("psgd1", "new", "3"),
+          run("dqsg1", "old", "1"), run("dqsg1", "new", "2"),
+          run("float32", "older", "0", recipe={"steps": 2})]
+  kept = accuracy_report.select(runs)["chars"]
+  assert sorted((r["config"]["row"]["name"], r["config"]["code"])
+                for r in kept) == [("dqsg1", "new"), ("float32", "old"),
+                                   ("psgd1", "new")]
 
 
 def test_unknown_row_names_the_value():
