@@ -78,7 +78,6 @@ class Layout:
         q_at += view[1] * k
       else:
         self.fallback.append(index)
-    self.q_size = q_at
     self.num_elements = sum(math.prod(s) for s in shapes)
     self.low_rank_elements = elements
     self.rank = max((m.rank for m in self.matrices), default=0)
@@ -325,7 +324,7 @@ def exchange(engine, transports, senders, step, mean, divisor,
     p_orth = []
     for j, s in enumerate(senders):
       with tf.device(s.device):
-        p_orth.append(_orthogonalize_all(p_sums[min(j, len(p_sums) - 1)],
+        p_orth.append(_orthogonalize_all(p_sums[j],
                                          config.orthogonalization_epsilon))
     q_parts = []
     for j, s in enumerate(senders):
