@@ -393,15 +393,18 @@ def _low_rank_note(selected, summaries):
     for s in summary:
       if s["low_rank"]:
         steps = selected[workload][0]["steps"]
-        starts[workload] = (s["low_rank"]["start_step"], steps)
+        starts.setdefault(workload, (set(), steps))[0].add(
+            s["low_rank"]["start_step"])
         fallbacks.add(f"`{s['low_rank']['fallback_codec']}`")
   if not starts:
     return []
-  warm = ", ".join(f"{start:,} of {steps:,} on {workload}"
-                   for workload, (start, steps) in starts.items())
+  warm = ", ".join(
+      f"{' or '.join(f'{start:,}' for start in sorted(ss))} of {steps:,} "
+      f"on {workload}" for workload, (ss, steps) in starts.items())
   return [
       "**Low-rank rows** (`ndq_tf.PowerSGD`, issue #34): their first "
-      f"steps (`start_step`: {warm}) send every tensor with the fallback "
+      "steps (the warm-up of the row's label; `start_step`: "
+      f"{warm}) send every tensor with the fallback "
       f"codec ({', '.join(sorted(fallbacks))}) before the low rank starts "
       "(the warm-up). "
       "Their **bits/element** and **model exchange ms** are the mean over "

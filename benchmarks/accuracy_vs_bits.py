@@ -42,8 +42,10 @@ The low-rank rows (`ndq_tf.PowerSGD`, issue #34: `psgd1`, `psgd4` with
 float32 factors, `psgd1_dq`, `psgd4_dq` with DQSG M=3 factors, ternary DQSG
 for the vectors and the warm-up) are not in the default `--rows`: name
 them. Their warm-up (`start_step`) is the first 10% of each run's steps
-(`WARM_UP_FRACTION`: 234 of vision's 2,340, 100 of chars' 1,000), and
-their runs also record the bits per element after it and the cost model's
+(`WARM_UP_FRACTION`: 234 of vision's 2,340, 100 of chars' 1,000) unless
+the row sets its own (`psgd4_w50`: 50%); `psgd8`, `psgd16`, `psgd32` and
+`psgd4_w50` ask what closes rank 4's gap to float32. Their runs also
+record the bits per element after it and the cost model's
 exchange at the low rank (the factors all-reduced, as PyTorch's hook).
 
 Examples:
@@ -105,6 +107,8 @@ class Row:
       keywords as (name, value) pairs, codecs as spec strings, without
       `start_step` (`low_rank_kwargs` adds it).
     default: whether the grid runs it when `--rows` is not given.
+    warm_up: a low-rank row's warm-up, the fraction of the run's steps
+      before the low rank starts (`WARM_UP_FRACTION` unless set).
   """
   name: str
   label: str
@@ -113,6 +117,7 @@ class Row:
   priced_as: str = ""
   low_rank: tuple = ()
   default: bool = True
+  warm_up: float = 0.0
 
   def strategy_kwargs(self):
     kwargs = {"transport": "all_gather"}
@@ -123,7 +128,9 @@ class Row:
     """`ndq_tf.PowerSGD`'s keywords for a run of `steps` steps, or None."""
     if not self.low_rank:
       return None
-    return dict(self.low_rank, start_step=warm_up_steps(steps))
+    return dict(self.low_rank,
+                start_step=warm_up_steps(steps,
+                                         self.warm_up or WARM_UP_FRACTION))
 
 
 #: The low-rank rows' warm-up: this fraction of a run's steps sends every
@@ -132,16 +139,17 @@ class Row:
 WARM_UP_FRACTION = 0.1
 
 
-def warm_up_steps(steps):
-  """The low-rank rows' `start_step` for a run of `steps` steps (>= 1)."""
-  return max(1, int(steps * WARM_UP_FRACTION))
+def warm_up_steps(steps, fraction=WARM_UP_FRACTION):
+  """A low-rank row's `start_step` for a run of `steps` steps (>= 1)."""
+  return max(1, int(steps * fraction))
 
 
-def _psgd(name, rank, factor_codec, label):
-  return Row(name, f"PowerSGD r={rank}{label}, warm-up 10%", "powersgd",
-             priced_as="all_reduce", default=False,
+def _psgd(name, rank, factor_codec, label, warm_up=0.0):
+  percent = round(100 * (warm_up or WARM_UP_FRACTION))
+  return Row(name, f"PowerSGD r={rank}{label}, warm-up {percent}%",
+             "powersgd", priced_as="all_reduce", default=False,
              low_rank=(("rank", rank), ("factor_codec", factor_codec),
-                       ("fallback_codec", "dqsg")))
+                       ("fallback_codec", "dqsg")), warm_up=warm_up)
 
 
 _NESTED = (("reference_codec", "dqsg:num_levels=3,bucket_size=512"),
@@ -171,6 +179,12 @@ ROWS = (
     _psgd("psgd4", 4, "float32", ""),
     _psgd("psgd1_dq", 1, "dqsg:num_levels=3", ", DQSG M=3 factors"),
     _psgd("psgd4_dq", 4, "dqsg:num_levels=3", ", DQSG M=3 factors"),
+    # What closes rank 4's gap to float32 (#34): higher ranks, then a
+    # longer warm-up (float32 factors).
+    _psgd("psgd8", 8, "float32", ""),
+    _psgd("psgd16", 16, "float32", ""),
+    _psgd("psgd32", 32, "float32", ""),
+    _psgd("psgd4_w50", 4, "float32", "", warm_up=0.5),
 )
 _BY_NAME = {r.name: r for r in ROWS}
 #: What the grid runs without --rows.
