@@ -156,19 +156,29 @@ def orthogonalize(x, epsilon=0.0):
   x = tf.convert_to_tensor(x, tf.float32)
   if x.shape.rank == 2:
     return orthogonalize(x[tf.newaxis], epsilon)[0]
-  columns = [x[:, :, j] for j in range(x.shape[2])]
-  for i, column in enumerate(columns):
-    wide = tf.cast(column, tf.float64)
+  # Step i finishes column i, and every later column loses its component
+  # along it at once: elementwise the ops of column-by-column Gram–Schmidt,
+  # so the same bits, in a loop whose body XLA compiles once (unrolled,
+  # a rank of 32 compiled for minutes and took gigabytes).
+  k = x.shape[2]
+  index = tf.range(k)
+
+  def body(i, x):
+    mask = tf.equal(index, i)
+    wide = tf.cast(tf.reduce_sum(tf.where(mask, x, 0.0), axis=2), tf.float64)
     norm = tf.sqrt(fixed_sum(wide * wide))[:, tf.newaxis]
     divisor = tf.where(norm > 0.0, norm + epsilon, tf.ones_like(norm))
-    column = tf.cast(wide / divisor, tf.float32)
-    columns[i] = column
-    for j in range(i + 1, len(columns)):
-      dot = tf.cast(fixed_sum(_exact_product(column, columns[j])),
-                    tf.float32)[:, tf.newaxis]
-      columns[j] = tf.cast(tf.cast(columns[j], tf.float64)
-                           - _exact_product(dot, column), tf.float32)
-  return tf.stack(columns, axis=2)
+    column = tf.cast(wide / divisor, tf.float32)[:, :, tf.newaxis]
+    dots = tf.cast(fixed_sum(_exact_product(column, x)), tf.float32)
+    later = tf.cast(tf.cast(x, tf.float64)
+                    - _exact_product(dots[:, tf.newaxis, :], column),
+                    tf.float32)
+    x = tf.where(mask, column, tf.where(index > i, later, x))
+    return i + 1, x
+
+  _, x = tf.while_loop(lambda i, x: i < k, body, (tf.constant(0), x),
+                       maximum_iterations=k)
+  return x
 
 
 def orthogonalize_compiled(x, epsilon=0.0):

@@ -45,6 +45,43 @@ def test_orthogonalize_matches_gram_schmidt_and_keeps_zero_columns():
   np.testing.assert_allclose(gram, np.eye(4), atol=1e-6)
 
 
+def _fixed_sum(x):
+  """NumPy's transcription of `low_rank_ops.fixed_sum` over axis 0."""
+  width = 1 << (x.shape[0] - 1).bit_length()
+  x = np.concatenate([x, np.zeros((width - x.shape[0],) + x.shape[1:])])
+  while width > 1:
+    width //= 2
+    x = x[:width] + x[width:]
+  return x[0]
+
+
+def _column_by_column(p):
+  """Modified Gram–Schmidt one column after the other, the module's ops."""
+  columns = [p[:, j].copy() for j in range(p.shape[1])]
+  for i in range(len(columns)):
+    wide = columns[i].astype(np.float64)
+    norm = np.sqrt(_fixed_sum(wide * wide))
+    columns[i] = (wide / (norm if norm > 0 else 1.0)).astype(np.float32)
+    for j in range(i + 1, len(columns)):
+      dot = _fixed_sum(columns[i].astype(np.float64)
+                       * columns[j].astype(np.float64)).astype(np.float32)
+      columns[j] = (columns[j].astype(np.float64) - np.float64(dot)
+                    * columns[i].astype(np.float64)).astype(np.float32)
+  return np.stack(columns, axis=1)
+
+
+def test_orthogonalize_at_rank_32_is_column_by_column_gram_schmidt_bitwise():
+  # The loop handles every later column at once; each value goes through
+  # the ops of the column-by-column algorithm, so the bits are its bits.
+  rng = np.random.default_rng(32)
+  p = rng.standard_normal((2, 200, 32)).astype(np.float32)
+  p[1, :, 5] = 0.0
+  want = np.stack([_column_by_column(m) for m in p])
+  for got in (low_rank_ops.orthogonalize(p),
+              low_rank_ops.orthogonalize_compiled(p)):
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
 def test_outer_product_is_the_float64_product_rounded_once():
   rng = np.random.default_rng(1)
   p = rng.standard_normal((50, 3)).astype(np.float32)
