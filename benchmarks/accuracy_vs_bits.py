@@ -44,7 +44,8 @@ for the vectors and the warm-up) are not in the default `--rows`: name
 them. Their warm-up (`start_step`) is the first 10% of each run's steps
 (`WARM_UP_FRACTION`: 234 of vision's 2,340, 100 of chars' 1,000) unless
 the row sets its own (`psgd4_w50`: 50%); `psgd8`, `psgd16`, `psgd32` and
-`psgd4_w50` ask what closes rank 4's gap to float32. Their runs also
+`psgd4_w50` ask what closes rank 4's gap to float32, and `psgd4_fp32`
+(float32 for the fallback tensors) how much of it the fallback's error is. Their runs also
 record the bits per element after it and the cost model's
 exchange at the low rank (the factors all-reduced, as PyTorch's hook).
 
@@ -144,12 +145,12 @@ def warm_up_steps(steps, fraction=WARM_UP_FRACTION):
   return max(1, int(steps * fraction))
 
 
-def _psgd(name, rank, factor_codec, label, warm_up=0.0):
+def _psgd(name, rank, factor_codec, label, warm_up=0.0, fallback="dqsg"):
   percent = round(100 * (warm_up or WARM_UP_FRACTION))
   return Row(name, f"PowerSGD r={rank}{label}, warm-up {percent}%",
              "powersgd", priced_as="all_reduce", default=False,
              low_rank=(("rank", rank), ("factor_codec", factor_codec),
-                       ("fallback_codec", "dqsg")), warm_up=warm_up)
+                       ("fallback_codec", fallback)), warm_up=warm_up)
 
 
 _NESTED = (("reference_codec", "dqsg:num_levels=3,bucket_size=512"),
@@ -185,6 +186,10 @@ ROWS = (
     _psgd("psgd16", 16, "float32", ""),
     _psgd("psgd32", 32, "float32", ""),
     _psgd("psgd4_w50", 4, "float32", "", warm_up=0.5),
+    # ... or the fallback codec's own error (vectors, small kernels, the
+    # warm-up): float32 there.
+    _psgd("psgd4_fp32", 4, "float32", ", float32 fallback",
+          fallback="float32"),
 )
 _BY_NAME = {r.name: r for r in ROWS}
 #: What the grid runs without --rows.
