@@ -45,9 +45,10 @@ them. Their warm-up (`start_step`) is the first 10% of each run's steps
 (`WARM_UP_FRACTION`: 234 of vision's 2,340, 100 of chars' 1,000) unless
 the row sets its own (`psgd4_w50`: 50%); `psgd8`, `psgd16`, `psgd32` and
 `psgd4_w50` ask what closes rank 4's gap to float32, and `psgd4_fp32`
-(float32 for the fallback tensors) how much of it the fallback's error is. Their runs also
-record the bits per element after it and the cost model's
-exchange at the low rank (the factors all-reduced, as PyTorch's hook).
+(float32 for the fallback tensors) how much of it the fallback's error
+is. Their runs also record the bits per element after the warm-up and
+the cost model's exchange at the low rank (the factors all-reduced, as
+PyTorch's hook).
 
 Examples:
 
