@@ -1,8 +1,11 @@
 """Pure TF ops: the quantizers' equations, a bit-exact RNG, code packing,
 integer lanes for summing codes, decoding such sums, and the randomized
-Hadamard rotation of buckets, and low-rank factors with a fixed order of
-additions."""
+Hadamard rotation of buckets, low-rank factors with a fixed order of
+additions, and the integer coding tables of entropy-coded dithered
+quantization."""
 
+from ndq_tf.ops.ecdq_tables import ecdq_cdf_constant
+from ndq_tf.ops.ecdq_tables import ecdq_cdf_table
 from ndq_tf.ops.lane_ops import LaneLayout
 from ndq_tf.ops.lane_ops import lane_layout
 from ndq_tf.ops.lane_ops import pack_lanes
