@@ -28,6 +28,8 @@ from ndq_tf.ops.random_ops import fold_seed
 from ndq_tf.ops.random_ops import hash_uint32
 from ndq_tf.ops.random_ops import seed_keys
 from ndq_tf.ops.random_ops import uniform_dither
+from ndq_tf.ops.rans_ops import rans_decode
+from ndq_tf.ops.rans_ops import rans_encode
 from ndq_tf.ops.rotation_ops import hadamard_transform
 from ndq_tf.ops.rotation_ops import rotate
 from ndq_tf.ops.rotation_ops import rotation_signs
