@@ -18,6 +18,7 @@ _NAMES = {
     "BFloat16Codec": "ndq_tf.codecs",
     "Codec": "ndq_tf.codecs",
     "DitheredCodec": "ndq_tf.codecs",
+    "EntropyCodedDitheredCodec": "ndq_tf.codecs",
     "Float16Codec": "ndq_tf.codecs",
     "Float32Codec": "ndq_tf.codecs",
     "HalfDitheredCodec": "ndq_tf.codecs",

@@ -283,5 +283,141 @@ class RotationFormulaTest(tf.test.TestCase, parameterized.TestCase):
       theory.rotation_domain_gain(d)
 
 
+class EcdqFormulaTest(tf.test.TestCase, parameterized.TestCase):
+  """ECDQ of `N(0, 1)`: `q = round(x/r + u)`, decoded `r·(q - u)` (#35)."""
+
+  # The issue's table: r, vNMSE, H(Q|U), H(Q), to its printed digits.
+  @parameterized.parameters((4.0, 1.33, 0.65, 0.92),
+                            (2.5, 0.52, 1.03, 1.23),
+                            (2.0, 0.333, 1.25, 1.42),
+                            (1.0, 0.083, 2.11, 2.16),
+                            (0.5, 0.021, 3.06, 3.08))
+  def test_rates_match_the_issue_table(self, r, vnmse, conditional,
+                                       unconditional):
+    self.assertAlmostEqual(theory.ecdq_vnmse(r), r * r / 12)
+    self.assertAlmostEqual(theory.ecdq_vnmse(r), vnmse, delta=0.006)
+    self.assertAlmostEqual(theory.ecdq_conditional_rate(r), conditional,
+                           delta=0.006)
+    self.assertAlmostEqual(theory.ecdq_unconditional_rate(r), unconditional,
+                           delta=0.006)
+
+  def test_rates_pinned(self):
+    # Agrees with scipy's quad of H(Q|U=u) over u, and of P(q) = ∫P(q|u)du,
+    # to 1e-14 bits (checked once when written; scipy is not a dependency).
+    for r, conditional, unconditional in ((4.0, 0.6511435456, 0.9203910090),
+                                          (1.0, 2.1048326604, 2.1582872201),
+                                          (0.05, 6.3691739451,
+                                           6.3693241789)):
+      self.assertAlmostEqual(theory.ecdq_conditional_rate(r), conditional,
+                             places=9)
+      self.assertAlmostEqual(theory.ecdq_unconditional_rate(r),
+                             unconditional, places=9)
+
+  def test_rates_decrease_with_the_step_and_the_dither_helps(self):
+    ratios = [2.0**(k / 4) for k in range(-20, 21)]
+    conditional = [theory.ecdq_conditional_rate(r) for r in ratios]
+    unconditional = [theory.ecdq_unconditional_rate(r) for r in ratios]
+    for a, b in zip(conditional, conditional[1:]):
+      self.assertGreater(a, b)
+    for a, b in zip(unconditional, unconditional[1:]):
+      self.assertGreater(a, b)
+    for h_cond, h in zip(conditional, unconditional):
+      self.assertGreaterEqual(h, h_cond - 1e-12)
+    # I(Q; U) near one bit per element: about 0.2 bits.
+    gap = (theory.ecdq_unconditional_rate(2.5)
+           - theory.ecdq_conditional_rate(2.5))
+    self.assertBetween(gap, 0.15, 0.25)
+
+  @parameterized.parameters(0.01, 0.1, 0.5, 1.0, 2.0)
+  def test_gap_to_the_unbiased_bound_is_a_quarter_bit(self, r):
+    # H(Q|U) - ½log2(1 + σ²/D) -> ½log2(πe/6) = 0.2546 as r -> 0.
+    limit = 0.5 * math.log2(math.pi * math.e / 6)
+    self.assertAlmostEqual(limit, 0.254614, places=6)
+    bound = 0.5 * math.log2(1 + 1 / theory.ecdq_vnmse(r))
+    gap = theory.ecdq_conditional_rate(r) - bound
+    self.assertAlmostEqual(gap, limit, delta=1e-3)
+    self.assertLessEqual(gap, limit + 1e-9)
+
+  @parameterized.parameters(0.01, 0.1, 0.5)
+  def test_high_rate_is_a_gaussian_plus_the_dither(self, r):
+    # H(Q|U) = h(x/r + u) (Zamir & Feder 1992), and x/r + u is nearly
+    # N(0, 1/r² + 1/12) when r is small: h = ½log2(2πe(1 + r²/12)/r²).
+    h = 0.5 * math.log2(2 * math.pi * math.e * (1 + r * r / 12) / (r * r))
+    self.assertAlmostEqual(theory.ecdq_conditional_rate(r), h, places=7)
+
+  @parameterized.parameters(0.05, 0.65, 1.0, 1.3, 2.0, 6.0, 12.0)
+  def test_step_ratio_inverts_the_rate(self, bits):
+    r = theory.ecdq_step_ratio(bits)
+    self.assertEqual(r, float(f"{r:.6g}"))
+    # 6 digits of r: a relative error <= 5e-6, and |dH/d ln r| <= 1/ln 2.
+    self.assertAlmostEqual(theory.ecdq_conditional_rate(r), bits, delta=1e-5)
+
+  def test_step_ratio_hand_value(self):
+    self.assertEqual(theory.ecdq_step_ratio(1.0), 2.57225)
+
+  @parameterized.parameters(0.0, -1.0, 0.001, 14.5, float("nan"),
+                            float("inf"), True, "1")
+  def test_step_ratio_rejects_bits_out_of_range(self, bits):
+    with self.assertRaisesRegex(ValueError, f"`bits`.*bits={bits!r}"):
+      theory.ecdq_step_ratio(bits)
+
+  @parameterized.parameters(0.0, -1.0, 1e-5, 2000.0, float("nan"),
+                            float("inf"), None)
+  def test_formulas_reject_bad_step_ratios(self, r):
+    for f in (theory.ecdq_vnmse, theory.ecdq_conditional_rate,
+              theory.ecdq_unconditional_rate):
+      with self.assertRaisesRegex(ValueError,
+                                  f"`step_ratio`.*step_ratio={r!r}"):
+        f(r)
+
+  @parameterized.parameters(4.0, 2.5, 1.0, 0.5)
+  def test_monte_carlo_rate_and_error(self, r):
+    # x ~ N(0, 1), u ~ U[-1/2, 1/2): the mean code length -log2 P(q|u) is
+    # H(Q|U); the error r(q - u) - x is uniform, mean 0, variance r²/12.
+    rng = np.random.default_rng(35)
+    x = rng.standard_normal(_MC)
+    u = rng.uniform(-0.5, 0.5, _MC)
+    q = np.round(x / r + u)
+    a, b = r * (q - u - 0.5), r * (q - u + 0.5)
+    # The tail on the side of the interval, so that nothing cancels.
+    flip = a + b < 0
+    a, b = np.where(flip, -b, a), np.where(flip, -a, b)
+    erfc = lambda t: tf.math.erfc(t / math.sqrt(2)).numpy()
+    p = 0.5 * (erfc(a) - erfc(b))
+    length = -np.log2(p)
+    se = np.std(length) / math.sqrt(_MC)
+    self.assertAlmostEqual(np.mean(length), theory.ecdq_conditional_rate(r),
+                           delta=6 * se)
+    e = r * (q - u) - x
+    self.assertLessEqual(np.max(np.abs(e)), r / 2 + 1e-12)
+    var = theory.ecdq_vnmse(r)
+    # A uniform error on [-r/2, r/2): Var(e) = r²/12, Var(e²) = r⁴/180.
+    self.assertAlmostEqual(np.mean(e), 0.0, delta=6 * math.sqrt(var / _MC))
+    self.assertAlmostEqual(np.mean(e * e), var,
+                           delta=6 * r * r / math.sqrt(180 * _MC))
+
+  def test_lloyd_max_distortions(self):
+    self.assertAlmostEqual(theory.gaussian_lloyd_max_distortion(1),
+                           1 - 2 / math.pi, places=12)
+    # Max (1960) prints 0.3634, 0.1175, 0.03454, 0.009497; the last is
+    # 0.0095010 at the optimum (levels 0.1284 .. 2.733, as Max's).
+    for bits, d in ((1, 0.3634), (2, 0.1175), (3, 0.03455), (4, 0.009501)):
+      self.assertAlmostEqual(theory.gaussian_lloyd_max_distortion(bits), d,
+                             delta=d * 2e-4)
+
+  def test_eden_vnmse(self):
+    self.assertAlmostEqual(theory.eden_vnmse(1), math.pi / 2 - 1, places=12)
+    self.assertAlmostEqual(theory.eden_vnmse(1), 0.5708, places=4)
+    self.assertAlmostEqual(theory.eden_vnmse(2), 0.1331, places=4)
+    # ECDQ at H(Q|U) = 2 bits has less error than EDEN at 2 bits.
+    r = theory.ecdq_step_ratio(2.0)
+    self.assertLess(theory.ecdq_vnmse(r), 0.75 * theory.eden_vnmse(2))
+
+  @parameterized.parameters(0, 5, 1.5, True, None)
+  def test_lloyd_max_rejects_other_bits(self, bits):
+    with self.assertRaisesRegex(ValueError, f"`bits`.*bits={bits!r}"):
+      theory.gaussian_lloyd_max_distortion(bits)
+
+
 if __name__ == "__main__":
   tf.test.main()

@@ -10,6 +10,7 @@ from ndq_tf.codecs.baselines import TernGradCodec
 from ndq_tf.codecs.bucketed import BucketedCodec
 from ndq_tf.codecs.dithered import DitheredCodec
 from ndq_tf.codecs.dithered import HalfDitheredCodec
+from ndq_tf.codecs.entropy_coded import EntropyCodedDitheredCodec
 from ndq_tf.codecs.low_rank import PowerSGD
 from ndq_tf.codecs.nested import NestedDitheredCodec
 from ndq_tf.codecs.low_rank import get

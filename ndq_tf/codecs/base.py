@@ -230,6 +230,10 @@ class Codec:
   needs_encode_seed = False
   #: Whether `decode` needs `side_information` (nested codecs).
   needs_side_information = False
+  #: Whether a payload's length varies with the data: its `words` have the
+  #: static worst-case length `num_words(n)`, the first word holds the
+  #: words used and the rest are zeros (`EntropyCodedDitheredCodec`).
+  variable_length = False
   #: How an integer all-reduce sums this codec's payloads (`summed_form`):
   #: `"codes"`, `"float16"`, `"bfloat16"`, `"float32"` or None. Declared by
   #: each class for

@@ -48,6 +48,12 @@ def _codec(value, name):
         f"(float32, float16, dqsg, qsgd, terngrad, ...): a nested codec "
         f"needs side information, and a low-rank one state. Received: "
         f"{name}={value!r}.")
+  if codec.variable_length:
+    raise ValueError(
+        f"`{name}`: the exchanges of this release send fixed-length "
+        f"payloads, and this codec's payloads vary in length; use a "
+        f"fixed-length codec until the exchanges trim payloads (issue #35). "
+        f"Received: {name}={value!r}.")
   return codec
 
 

@@ -7,6 +7,7 @@ import keras
 from ndq_tf.codecs import base
 from ndq_tf.codecs import baselines
 from ndq_tf.codecs import dithered
+from ndq_tf.codecs import entropy_coded
 from ndq_tf.codecs import nested
 
 __all__ = ["get", "serialize", "NAMES"]
@@ -17,6 +18,7 @@ NAMES = {
     "float16": baselines.Float16Codec,
     "bfloat16": baselines.BFloat16Codec,
     "dqsg": dithered.DitheredCodec,
+    "ecdq": entropy_coded.EntropyCodedDitheredCodec,
     "half_dithered": dithered.HalfDitheredCodec,
     "ndqsg": nested.NestedDitheredCodec,
     "qsgd": baselines.QSGDCodec,
@@ -35,7 +37,7 @@ def get(identifier, names=None):
   A spec string is a short name optionally followed by `:` and keyword
   arguments, e.g. `"dqsg"`, `"dqsg:num_levels=3,bucket_size=256"`,
   `"ndqsg:num_levels=3,coarse_ratio=3,alpha=0.9"`. Names: float32, float16,
-  bfloat16, dqsg, half_dithered, ndqsg, qsgd, terngrad.
+  bfloat16, dqsg, ecdq, half_dithered, ndqsg, qsgd, terngrad.
 
   Args:
     identifier: a `Codec`, a dict from `serialize`, or a spec string.

@@ -1,8 +1,11 @@
 """Pure TF ops: the quantizers' equations, a bit-exact RNG, code packing,
 integer lanes for summing codes, decoding such sums, and the randomized
-Hadamard rotation of buckets, and low-rank factors with a fixed order of
-additions."""
+Hadamard rotation of buckets, low-rank factors with a fixed order of
+additions, and the integer coding tables of entropy-coded dithered
+quantization."""
 
+from ndq_tf.ops.ecdq_tables import ecdq_cdf_constant
+from ndq_tf.ops.ecdq_tables import ecdq_cdf_table
 from ndq_tf.ops.lane_ops import LaneLayout
 from ndq_tf.ops.lane_ops import lane_layout
 from ndq_tf.ops.lane_ops import pack_lanes
@@ -25,6 +28,8 @@ from ndq_tf.ops.random_ops import fold_seed
 from ndq_tf.ops.random_ops import hash_uint32
 from ndq_tf.ops.random_ops import seed_keys
 from ndq_tf.ops.random_ops import uniform_dither
+from ndq_tf.ops.rans_ops import rans_decode
+from ndq_tf.ops.rans_ops import rans_encode
 from ndq_tf.ops.rotation_ops import hadamard_transform
 from ndq_tf.ops.rotation_ops import rotate
 from ndq_tf.ops.rotation_ops import rotation_signs

@@ -290,3 +290,18 @@ def test_config_keeps_its_keys_and_loads_either_name():
                      "'all_gather' and transport='all_gather'"):
     ndq_tf.CompressedAllReduce.from_config(
         dict(renamed, transport="all_gather"))
+
+
+@pytest.mark.parametrize("codec", [
+    "ecdq:bits=1.0", ndq_tf.EntropyCodedDitheredCodec(step_ratio=2.0)])
+def test_variable_length_codecs_are_refused_until_exchanges_trim(codec):
+  # Padded to its worst case, an ECDQ payload would cost more than float32:
+  # every way in refuses it, naming the argument and the codec.
+  message = r"`codec`: the exchanges of this release send fixed-length.*" \
+            r"Received: codec=EntropyCodedDitheredCodec\("
+  with pytest.raises(ValueError, match=message):
+    CompressionOptions(codec=codec)
+  with pytest.raises(ValueError, match=message):
+    ndq_tf.MirroredStrategy(codec=codec, devices=["/cpu:0"])
+  with pytest.raises(ValueError, match=r"`factor_codec`.*fixed-length"):
+    ndq_tf.PowerSGD(rank=2, factor_codec=codec)
