@@ -186,6 +186,10 @@ _RESUME_SCRIPT = textwrap.dedent("""
 
 
     if __name__ == "__main__":
+      # Started with TensorFlow still to load: it loads while the test's
+      # interrupted run trains; "go" says that the checkpoint is written.
+      if sys.stdin.readline().strip() != "go":
+        sys.exit("no go: the interrupted run failed")
       for mode in sys.argv[2:]:
         run(mode, sys.argv[1])
 """)
@@ -197,19 +201,26 @@ def test_resume_in_a_fresh_process_continues_bitwise(tmp_path):
 
   The interrupted and the uninterrupted runs share this test's process (its
   4 logical CPUs); the fresh process restores twice, once from each source,
-  while the uninterrupted run trains here.
+  while the uninterrupted run trains here. It is started first, loads
+  TensorFlow while the interrupted run trains, then waits to be told that
+  the checkpoint is written: it shares nothing with that run.
   """
   script = tmp_path / "resume.py"
   script.write_text(_RESUME_SCRIPT)
   work = str(tmp_path)
   resume = multi_worker_job.load_script(str(script), "ndq_resume_script")
-  resume.run("first", work)
   env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
   fresh = subprocess.Popen(
       [sys.executable, str(script), work, "resume_checkpoint",
-       "resume_backup"], env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True)
+       "resume_backup"], env=env, stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   try:
+    resume.run("first", work)
+    try:
+      fresh.stdin.write("go\n")
+      fresh.stdin.flush()  # `communicate` closes it.
+    except BrokenPipeError:
+      pass  # It has died: its output, below, says why.
     resume.run("straight", work)
   finally:
     try:
