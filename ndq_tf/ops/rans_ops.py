@@ -52,8 +52,8 @@ __all__ = [
 
 #: Each lane's final state travels in the stream's header.
 HEADER_BITS_PER_LANE = 32
-#: The largest model precision (a frequency of `2^precision` must keep
-#: `f·2^(32 - precision)` within the state's 33 bits of headroom check).
+#: The largest model precision: ECDQ's tables' 15 bits (the state's
+#: arithmetic stays below 2^32 up to 16).
 MAX_PRECISION = 15
 #: The state's lower bound, `2^16` (the encoder's initial state).
 _LOW = 1 << 16
