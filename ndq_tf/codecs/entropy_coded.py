@@ -28,6 +28,8 @@ __all__ = ["EntropyCodedDitheredCodec"]
 #: header cost 48 bits or less: about 0.01 bits per element).
 SYMBOLS_PER_LANE = 4096
 
+#: The rate without `step_ratio` or `bits`: bits per element.
+DEFAULT_BITS = 1.0
 #: The bits target's range (`bits=`): from well below one bit to the rates
 #: where a fixed-length code does as well.
 MIN_BITS, MAX_BITS = 0.3, 8.0
@@ -77,14 +79,15 @@ class EntropyCodedDitheredCodec(base.Codec):
     step_ratio: `Δ/σ`, in `[1/64, 16]`; the vNMSE is `step_ratio²/12`.
     bits: instead of `step_ratio`, the target rate in bits per element,
       in `[0.3, 8]`, mapped to a step ratio by the Gaussian formula
-      (`theory.ecdq_step_ratio`; σ̂'s 16 bits per bucket are not in it).
+      (`theory.ecdq_step_ratio`; σ̂'s 16 bits per bucket are not in it);
+      1 when neither is given.
     bucket_size: values per `σ̂`, a power of two `>= 4` (the rotation's).
     bins: dither bins of the coding model, a power of two in `[1, 256]`.
     precision: bits of the model's integer frequencies, in `[8, 15]`.
 
   Raises:
-    ValueError: for an argument out of range, or neither or both of
-      `step_ratio` and `bits`.
+    ValueError: for an argument out of range, or both `step_ratio` and
+      `bits`.
   """
 
   decoder_needs_seed = True
@@ -95,10 +98,12 @@ class EntropyCodedDitheredCodec(base.Codec):
   def __init__(self, step_ratio: Optional[float] = None,
                bits: Optional[float] = None, bucket_size: int = 512,
                bins: int = 32, precision: int = 15):
-    if (step_ratio is None) == (bits is None):
+    if step_ratio is not None and bits is not None:
       raise ValueError(
-          f"Pass exactly one of `step_ratio` and `bits`. Received: "
+          f"Pass one of `step_ratio` and `bits`, not both. Received: "
           f"step_ratio={step_ratio!r}, bits={bits!r}.")
+    if step_ratio is None and bits is None:
+      bits = DEFAULT_BITS
     if bits is not None:
       self._bits = base.check_float("bits", bits, MIN_BITS, MAX_BITS,
                                     low_inclusive=True)

@@ -157,6 +157,7 @@ def test_same_bits_eagerly_in_tf_function_and_under_xla():
 def test_bits_target_maps_through_the_gaussian_formula():
   codec = ndq_tf.EntropyCodedDitheredCodec(bits=1.0)
   assert codec.step_ratio == theory.ecdq_step_ratio(1.0)
+  assert ndq_tf.EntropyCodedDitheredCodec() == codec  # 1 bit by default.
   assert codec.get_config() == {"bits": 1.0, "bucket_size": 512,
                                 "bins": 32, "precision": 15}
   again = ndq_tf.codecs.get("ecdq:bits=1.0")
@@ -169,9 +170,8 @@ def test_bits_target_maps_through_the_gaussian_formula():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({}, r"exactly one of `step_ratio` and `bits`.*step_ratio=None, "
-         r"bits=None"),
-    ({"step_ratio": 1.0, "bits": 1.0}, r"exactly one.*step_ratio=1.0"),
+    ({"step_ratio": 1.0, "bits": 1.0}, r"not both.*step_ratio=1.0, "
+                                        r"bits=1.0"),
     ({"step_ratio": 0.0}, r"`step_ratio`.*step_ratio=0.0"),
     ({"step_ratio": 40.0}, r"`step_ratio`.*step_ratio=40.0"),
     ({"bits": 0.1}, r"`bits`.*bits=0.1"),
