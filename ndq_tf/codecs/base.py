@@ -70,6 +70,22 @@ def check_float(name, value, low, high, low_inclusive=False):
   return value
 
 
+def check_fixed_length(codec, name, value):
+  """Raises unless `codec`'s payloads have a fixed length (the exchanges').
+
+  `name`, `value`: the argument and what the caller passed, for the message.
+  """
+  if getattr(codec, "variable_length", False):
+    raise ValueError(
+        f"`{name}`: the exchanges of this release send fixed-length "
+        f"payloads, and this codec's payloads vary in length (padded to "
+        f"their worst case, they would cost more than float32); use a "
+        f"fixed-length codec, or this one's encode and decode directly, "
+        f"until the exchanges trim payloads (issue #35). Received: "
+        f"{name}={value!r}.")
+  return codec
+
+
 def compute_dtype(dtype):
   """Codecs compute in float64 for float64 inputs and in float32 otherwise."""
   return tf.float64 if dtype == tf.float64 else tf.float32

@@ -48,13 +48,7 @@ def _codec(value, name):
         f"(float32, float16, dqsg, qsgd, terngrad, ...): a nested codec "
         f"needs side information, and a low-rank one state. Received: "
         f"{name}={value!r}.")
-  if codec.variable_length:
-    raise ValueError(
-        f"`{name}`: the exchanges of this release send fixed-length "
-        f"payloads, and this codec's payloads vary in length; use a "
-        f"fixed-length codec until the exchanges trim payloads (issue #35). "
-        f"Received: {name}={value!r}.")
-  return codec
+  return base.check_fixed_length(codec, name, value)
 
 
 @keras.saving.register_keras_serializable(package="ndq_tf")

@@ -134,14 +134,7 @@ def coerce_codec(codec, name="codec"):
         f"num_levels=3)), a spec string (e.g. 'dqsg:num_levels=3') or a "
         f"codec config dict. Received: {name}={codec!r} of type "
         f"{type(codec).__name__}.")
-  if getattr(codec, "variable_length", False):
-    raise ValueError(
-        f"`{name}`: the exchanges of this release send fixed-length "
-        f"payloads, and this codec's payloads vary in length (padded to "
-        f"their worst case, it would send more than float32); use its "
-        f"encode and decode directly until the exchanges trim payloads "
-        f"(issue #35). Received: {name}={codec!r}.")
-  return codec
+  return ndq_codecs.base.check_fixed_length(codec, name, codec)
 
 
 def _check_int(value, name, low=None, high=None):
