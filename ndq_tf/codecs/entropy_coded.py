@@ -24,8 +24,8 @@ from ndq_tf.ops import rotation_ops
 __all__ = ["EntropyCodedDitheredCodec"]
 
 #: Coded symbols per rANS lane: a tensor of `n` coded values runs
-#: `ceil(n / SYMBOLS_PER_LANE)` lanes in lock step (each lane's flush and
-#: header cost 48 bits or less: about 0.01 bits per element).
+#: `ceil(n / SYMBOLS_PER_LANE)` lanes in lock step (each lane's header, its
+#: final state and word count, costs 48 bits: about 0.012 bits per element).
 SYMBOLS_PER_LANE = 4096
 
 #: The rate without `step_ratio` or `bits`: bits per element.
@@ -121,7 +121,7 @@ class EntropyCodedDitheredCodec(base.Codec):
           f"`bins` must be a power of two in [1, 256]. Received: "
           f"bins={bins!r}.")
     self._precision = base.check_int("precision", precision, 8, 15)
-    self._table = self._slots = None
+    self._table = self._slots = self._max_bits = None
 
   # -- Configuration ----------------------------------------------------------
 
@@ -192,15 +192,16 @@ class EntropyCodedDitheredCodec(base.Codec):
     if num_elements == 0:
       return 0
     coded = self._num_buckets(num_elements) * self._bucket_size
-    return 1 + self._sigma_words(num_elements) + rans_ops.capacity_words(
-        coded, self._num_lanes(num_elements))
+    return 1 + self._sigma_words(num_elements) + rans_ops.rans_capacity_words(
+        coded, self._num_lanes(num_elements), self._code_bound(),
+        self._precision)
 
   def wire_bits(self, num_elements):
     """The *expected* bits of a payload of `num_elements` values.
 
     For Gaussian buckets: the length word, `σ̂`'s 16 bits per bucket, the
-    lanes' headers and flushes, and `theory.ecdq_conditional_rate` bits
-    per coded value. A payload's real length is `payload_bits(payload)`;
+    lanes' headers (`rans_ops.rans_header_words`), and
+    `theory.ecdq_conditional_rate` bits per coded value. A payload's real length is `payload_bits(payload)`;
     its worst case `max_wire_bits(num_elements)`.
     """
     n = base._check_count(num_elements)  # pylint: disable=protected-access
@@ -208,8 +209,9 @@ class EntropyCodedDitheredCodec(base.Codec):
       return 0
     coded = self._num_buckets(n) * self._bucket_size
     lanes = self._num_lanes(n)
-    bits = (32 + 32 * self._sigma_words(n) + rans_ops.HEADER_BITS_PER_LANE
-            * lanes + theory.ecdq_conditional_rate(self._step_ratio) * coded)
+    bits = (32 + 32 * self._sigma_words(n)
+            + 32 * rans_ops.rans_header_words(coded, lanes)
+            + theory.ecdq_conditional_rate(self._step_ratio) * coded)
     return 32 * math.ceil(bits / 32)
 
   def max_wire_bits(self, num_elements):
@@ -236,9 +238,21 @@ class EntropyCodedDitheredCodec(base.Codec):
           self._step_ratio, self._bucket_size, self._bins, self._precision)
     return self._table
 
+  def _code_bound(self):
+    """`rans_ops.rans_max_bits` of the table: the coder's capacity."""
+    if self._max_bits is None:
+      self._max_bits = rans_ops.rans_max_bits(self._cdf(), self._precision)
+    return self._max_bits
+
   def _slot_table(self):
+    """The decoder's `rans_ops.slot_table`, built once, eagerly.
+
+    Outside any graph (`tf.init_scope`), so that every `tf.function` that
+    decodes captures the same tensor instead of building it again.
+    """
     if self._slots is None:
-      self._slots = rans_ops.slot_table(self._cdf(), self._precision)
+      with tf.init_scope():
+        self._slots = rans_ops.slot_table(self._cdf(), self._precision)
     return self._slots
 
   def _signs(self, seed, num_buckets, dtype):
@@ -269,7 +283,8 @@ class EntropyCodedDitheredCodec(base.Codec):
     q = tf.where(rows < self._bins, q, 0)
     stream, used = rans_ops.rans_encode(
         tf.reshape(q + a, [-1]), tf.reshape(rows, [-1]),
-        self._cdf(), self._num_lanes(x.shape[0]), self._precision)
+        self._cdf(), self._num_lanes(x.shape[0]), self._precision,
+        max_bits=self._code_bound())
     sigma_words = _pack_bfloat16(sigma)
     head = 1 + sigma_words.shape[0]
     words = tf.concat([tf.reshape(head + used, [1]), sigma_words, stream], 0)
@@ -287,7 +302,7 @@ class EntropyCodedDitheredCodec(base.Codec):
     symbols = rans_ops.rans_decode(
         words[1 + num_sigma:], tf.reshape(rows, [-1]),
         self._cdf(), num_buckets * d, self._num_lanes(n), self._precision,
-        slots=self._slot_table())
+        table=self._slot_table())
     q = tf.cast(tf.reshape(symbols, [num_buckets, d]) - a, dtype)
     step = tf.cast(sigma, dtype) * r
     # Δ(q - u): zero for a bucket of zeros, NaN for a non-finite one.

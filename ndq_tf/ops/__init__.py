@@ -2,7 +2,7 @@
 integer lanes for summing codes, decoding such sums, and the randomized
 Hadamard rotation of buckets, low-rank factors with a fixed order of
 additions, and the integer coding tables of entropy-coded dithered
-quantization."""
+quantization with their rANS entropy coder."""
 
 from ndq_tf.ops.ecdq_tables import ecdq_cdf_constant
 from ndq_tf.ops.ecdq_tables import ecdq_cdf_table
@@ -28,8 +28,12 @@ from ndq_tf.ops.random_ops import fold_seed
 from ndq_tf.ops.random_ops import hash_uint32
 from ndq_tf.ops.random_ops import seed_keys
 from ndq_tf.ops.random_ops import uniform_dither
+from ndq_tf.ops.rans_ops import rans_capacity_words
 from ndq_tf.ops.rans_ops import rans_decode
 from ndq_tf.ops.rans_ops import rans_encode
+from ndq_tf.ops.rans_ops import rans_header_words
+from ndq_tf.ops.rans_ops import rans_max_bits
+from ndq_tf.ops.rans_ops import slot_table
 from ndq_tf.ops.rotation_ops import hadamard_transform
 from ndq_tf.ops.rotation_ops import rotate
 from ndq_tf.ops.rotation_ops import rotation_signs
