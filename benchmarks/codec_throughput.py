@@ -15,13 +15,12 @@ Usage:
   python benchmarks/codec_throughput.py [--num_elements=16777216] [--repeats=7]
 """
 
-import time
-
 from absl import app
 from absl import flags
 import numpy as np
 import tensorflow as tf
 
+import common  # benchmarks/common.py, next to this script
 import ndq_tf
 
 FLAGS = flags.FLAGS
@@ -39,18 +38,6 @@ _DEFAULT = [
 ]
 
 
-def _median_seconds(fn, repeats):
-  """Median wall and CPU (all threads of this process) seconds of `fn()`."""
-  fn()  # Compile and warm up.
-  wall, cpu = [], []
-  for _ in range(repeats):
-    start, start_cpu = time.perf_counter(), time.process_time()
-    fn()
-    wall.append(time.perf_counter() - start)
-    cpu.append(time.process_time() - start_cpu)
-  return float(np.median(wall)), float(np.median(cpu))
-
-
 def main(argv):
   del argv
   n = FLAGS.num_elements
@@ -59,7 +46,8 @@ def main(argv):
   seed = tf.constant([7, 11])
 
   fused = tf.function(lambda v: v * 1.5 + 0.25, jit_compile=True)
-  base, base_cpu = _median_seconds(lambda: fused(x).numpy(), FLAGS.repeats)
+  base, base_cpu = common.median_seconds(lambda: fused(x).numpy(),
+                                         FLAGS.repeats)
   print(f"fused elementwise pass over {n} float32: {base * 1e3:.1f} ms wall, "
         f"{base_cpu * 1e3:.1f} ms CPU")
   print("Ratios are encode + decode over that pass, measured in this run; "
@@ -87,14 +75,15 @@ def main(argv):
         codec.decode(codec.encode(x, seed), seed, **kwargs).numpy()
 
       # Alternate plain and rotated so that both see the same load.
-      times = [(_median_seconds(run, 1), _median_seconds(run_rotated, 1))
+      times = [(common.median_seconds(run, 1),
+                common.median_seconds(run_rotated, 1))
                for _ in range(FLAGS.repeats)]
       seconds, cpu = (float(np.median([t[0][i] for t in times]))
                       for i in (0, 1))
       r_seconds, r_cpu = (float(np.median([t[1][i] for t in times]))
                           for i in (0, 1))
     else:
-      seconds, cpu = _median_seconds(run, FLAGS.repeats)
+      seconds, cpu = common.median_seconds(run, FLAGS.repeats)
     bits = codec.wire_bits(n) / n
     row = (f"| `{codec!r}` | {bits:.3f} | {seconds * 1e3:.1f} | "
            f"{seconds / base:.2f} | {cpu / base_cpu:.2f} |")

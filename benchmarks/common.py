@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks: logical CPU devices and the digits recipe.
+"""Helpers shared by the benchmarks: logical CPU devices, the digits recipe,
+timing.
 
 * `split_cpu`: one CPU as N logical devices, the replicas of a
   `MirroredStrategy` on a machine without accelerators.
@@ -9,6 +10,7 @@
   (tests/integration/test_mirrored_training.py, tests/integration/test_nested_allreduce.py) assert
   accuracies with it through tests/digits_recipe.py, so every change to the
   model, the split or the seeds changes those tests' numbers.
+* `median_seconds`: the median wall and CPU time of a function.
 
 Importing this module imports neither TensorFlow nor Keras: TF accepts a
 device split only before its runtime starts, and benchmarks/datasets.py needs
@@ -26,9 +28,31 @@ Example:
 import glob
 import json
 import os
+import statistics
+import time
 
 __all__ = ["split_cpu", "load_digits", "digits_mlp", "sync_bn_mlp",
-           "fit_digits_mlp", "synthetic_mlp", "read_json_files"]
+           "fit_digits_mlp", "synthetic_mlp", "read_json_files",
+           "median_seconds"]
+
+
+def median_seconds(fn, repeats):
+  """Median wall and CPU seconds of `fn()` over `repeats` calls.
+
+  One call first, untimed, to trace, compile and warm up. CPU seconds are
+  those of every thread of this process (`time.process_time`).
+
+  Returns:
+    `(wall, cpu)`, Python floats.
+  """
+  fn()
+  wall, cpu = [], []
+  for _ in range(repeats):
+    start, start_cpu = time.perf_counter(), time.process_time()
+    fn()
+    wall.append(time.perf_counter() - start)
+    cpu.append(time.process_time() - start_cpu)
+  return float(statistics.median(wall)), float(statistics.median(cpu))
 
 
 def read_json_files(folder):

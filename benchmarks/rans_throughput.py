@@ -21,11 +21,12 @@ Usage:
 import json
 import subprocess
 import sys
-import time
 
 from absl import app
 from absl import flags
 import numpy as np
+
+import common  # benchmarks/common.py, next to this script
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_elements", 2**20, "Symbols coded per run.")
@@ -53,18 +54,6 @@ def _table(rng, rows, alphabet, precision):
     freq[np.argmax(freq)] += m - freq.sum()
     cdf.append(np.concatenate([[0], np.cumsum(freq)]))
   return np.array(cdf, np.int32)
-
-
-def _median(fn, repeats):
-  """Median wall and CPU seconds of `fn()` (after one warm-up call)."""
-  fn()
-  wall, cpu = [], []
-  for _ in range(repeats):
-    start, start_cpu = time.perf_counter(), time.process_time()
-    fn()
-    wall.append(time.perf_counter() - start)
-    cpu.append(time.process_time() - start_cpu)
-  return float(np.median(wall)), float(np.median(cpu))
 
 
 def _measure(threads):
@@ -97,9 +86,10 @@ def _measure(threads):
     words, used = encode(symbols_t, rows_t)
     if not np.array_equal(decode(words, rows_t).numpy(), symbols):
       raise RuntimeError("the round trip failed")
-    enc = _median(lambda: encode(symbols_t, rows_t)[0].numpy(),
-                  FLAGS.repeats)
-    dec = _median(lambda: decode(words, rows_t).numpy(), FLAGS.repeats)
+    enc = common.median_seconds(
+        lambda: encode(symbols_t, rows_t)[0].numpy(), FLAGS.repeats)
+    dec = common.median_seconds(lambda: decode(words, rows_t).numpy(),
+                                FLAGS.repeats)
     print(json.dumps({
         "threads": threads, "lanes": lanes, "per_lane": int(per_lane),
         "encode": enc, "decode": dec, "bits": 32 * int(used),

@@ -13,6 +13,7 @@ import math
 import keras
 import tensorflow as tf
 
+from ndq_tf.ops import checks
 from ndq_tf.ops import random_ops
 
 __all__ = [
@@ -45,14 +46,9 @@ class Payload(tf.experimental.ExtensionType):
   dtype: tf.DType
 
 
-def check_int(name, value, low, high=None):
-  """Validates an integer constructor argument; returns it as an `int`."""
-  if (isinstance(value, bool) or not isinstance(value, int)
-      or value < low or (high is not None and value > high)):
-    rule = f">= {low}" if high is None else f"in [{low}, {high}]"
-    raise ValueError(
-        f"`{name}` must be an integer {rule}. Received: {name}={value!r}.")
-  return int(value)
+#: Validates an integer constructor argument; returns it as an `int`
+#: (`ndq_tf.ops.checks.check_int`: the ops' rule and message).
+check_int = checks.check_int
 
 
 def check_float(name, value, low, high, low_inclusive=False):

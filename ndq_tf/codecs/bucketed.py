@@ -17,6 +17,7 @@ from ndq_tf.ops import rotation_ops
 __all__ = [
     "BucketedCodec",
     "MAX_LEVELS",
+    "RotatedBuckets",
 ]
 
 #: The largest `num_levels` of a bucketed codec: its `2M + 1` symbols must
@@ -24,7 +25,50 @@ __all__ = [
 MAX_LEVELS = 32767
 
 
-class BucketedCodec(base.Codec):
+class RotatedBuckets:
+  """The randomized Hadamard rotation of a codec's buckets, when it rotates.
+
+  A mixin of the codecs that rotate their `[B, bucket_size]` buckets
+  (`rotation="hadamard"`, docs/algorithms.md#randomized-hadamard-rotation):
+  `BucketedCodec` and `EntropyCodedDitheredCodec`. The codec sets
+  `_bucket_size`, then `_set_rotation(rotation)`; the signs come from the
+  encoder's seed, so the decoder needs it.
+  """
+
+  _rotation = None
+
+  @property
+  def bucket_size(self):
+    """Values per scale."""
+    return self._bucket_size
+
+  @property
+  def rotation(self):
+    """`None`, or `"hadamard"`: buckets rotated before quantization."""
+    return self._rotation
+
+  def _set_rotation(self, rotation):
+    """Validates and sets `rotation` (after `_bucket_size`)."""
+    self._rotation = rotation_ops.check_rotation(rotation, self._bucket_size)
+
+  def _signs(self, seed, num_buckets, dtype):
+    return rotation_ops.rotation_signs(seed, num_buckets, self.bucket_size,
+                                       dtype)
+
+  def _rotate(self, xb, seed):
+    """`xb`, rotated with the signs of `seed` when the codec rotates."""
+    if self._rotation is None:
+      return xb
+    return rotation_ops.rotate(xb, self._signs(seed, xb.shape[0], xb.dtype))
+
+  def _unrotate(self, yb, seed):
+    if self._rotation is None:
+      return yb
+    return rotation_ops.unrotate(yb, self._signs(seed, yb.shape[0],
+                                                 yb.dtype))
+
+
+class BucketedCodec(RotatedBuckets, base.Codec):
   """A codec with one float32 scale per bucket and radix-packed codes.
 
   A *bucket* is a run of `bucket_size` consecutive elements of the flattened
@@ -64,7 +108,6 @@ class BucketedCodec(base.Codec):
   _norm = "max"
   #: Whether `_dequantize` reads the seed (to subtract the dither).
   _decode_uses_seed = False
-  _rotation = None
 
   # -- Subclass hooks ---------------------------------------------------------
 
@@ -83,23 +126,9 @@ class BucketedCodec(base.Codec):
   # -- Shared implementation --------------------------------------------------
 
   @property
-  def bucket_size(self):
-    """Values per scale."""
-    return self._bucket_size
-
-  @property
-  def rotation(self):
-    """`None`, or `"hadamard"`: buckets rotated before quantization."""
-    return self._rotation
-
-  @property
   def decoder_needs_seed(self):
     """Whether `decode` needs the encoder's seed (dither or rotation signs)."""
     return self._decode_uses_seed or self._rotation is not None
-
-  def _set_rotation(self, rotation):
-    """Validates and sets `rotation` (after `_bucket_size`)."""
-    self._rotation = rotation_ops.check_rotation(rotation, self._bucket_size)
 
   def _num_scales(self, num_elements):
     return -(-num_elements // self.bucket_size)
@@ -118,22 +147,6 @@ class BucketedCodec(base.Codec):
   def _num_words(self, num_elements):
     return packing_ops.num_words(self._coded_length(num_elements),
                                  self.alphabet_size)
-
-  def _signs(self, seed, num_buckets, dtype):
-    return rotation_ops.rotation_signs(seed, num_buckets, self.bucket_size,
-                                       dtype)
-
-  def _rotate(self, xb, seed):
-    """`xb`, rotated with the signs of `seed` when the codec rotates."""
-    if self._rotation is None:
-      return xb
-    return rotation_ops.rotate(xb, self._signs(seed, xb.shape[0], xb.dtype))
-
-  def _unrotate(self, yb, seed):
-    if self._rotation is None:
-      return yb
-    return rotation_ops.unrotate(yb, self._signs(seed, yb.shape[0],
-                                                 yb.dtype))
 
   @property
   def _symbol_dtype(self):

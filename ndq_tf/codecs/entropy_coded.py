@@ -17,9 +17,9 @@ import tensorflow as tf
 
 from ndq_tf import theory
 from ndq_tf.codecs import base
+from ndq_tf.codecs import bucketed
 from ndq_tf.ops import ecdq_tables
 from ndq_tf.ops import rans_ops
-from ndq_tf.ops import rotation_ops
 
 __all__ = ["EntropyCodedDitheredCodec"]
 
@@ -39,7 +39,7 @@ MAX_STEP_RATIO = ecdq_tables.MAX_STEP_RATIO
 
 
 @base.register
-class EntropyCodedDitheredCodec(base.Codec):
+class EntropyCodedDitheredCodec(bucketed.RotatedBuckets, base.Codec):
   """Dithered quantization with an unbounded alphabet, entropy coded.
 
   Each bucket of `bucket_size` values is rotated (the randomized Hadamard
@@ -114,7 +114,8 @@ class EntropyCodedDitheredCodec(base.Codec):
           "step_ratio", step_ratio, MIN_STEP_RATIO, MAX_STEP_RATIO,
           low_inclusive=True)
     self._bucket_size = base.check_int("bucket_size", bucket_size, 4)
-    rotation_ops.check_rotation("hadamard", self._bucket_size)
+    # Always rotated: the model is a Gaussian of rotated buckets.
+    self._set_rotation("hadamard")
     self._bins = base.check_int("bins", bins, 1, 256)
     if self._bins & (self._bins - 1):
       raise ValueError(
@@ -136,21 +137,12 @@ class EntropyCodedDitheredCodec(base.Codec):
     return self._bits
 
   @property
-  def bucket_size(self):
-    return self._bucket_size
-
-  @property
   def bins(self):
     return self._bins
 
   @property
   def precision(self):
     return self._precision
-
-  @property
-  def rotation(self):
-    """Always `"hadamard"`: the model is a Gaussian of rotated buckets."""
-    return "hadamard"
 
   @property
   def max_abs_code(self):
@@ -201,8 +193,9 @@ class EntropyCodedDitheredCodec(base.Codec):
 
     For Gaussian buckets: the length word, `σ̂`'s 16 bits per bucket, the
     lanes' headers (`rans_ops.rans_header_words`), and
-    `theory.ecdq_conditional_rate` bits per coded value. A payload's real length is `payload_bits(payload)`;
-    its worst case `max_wire_bits(num_elements)`.
+    `theory.ecdq_conditional_rate` bits per coded value. A payload's real
+    length is `payload_bits(payload)`; its worst case
+    `max_wire_bits(num_elements)`.
     """
     n = base._check_count(num_elements)  # pylint: disable=protected-access
     if n == 0:
@@ -255,14 +248,11 @@ class EntropyCodedDitheredCodec(base.Codec):
         self._slots = rans_ops.slot_table(self._cdf(), self._precision)
     return self._slots
 
-  def _signs(self, seed, num_buckets, dtype):
-    return rotation_ops.rotation_signs(seed, num_buckets, self._bucket_size,
-                                       dtype)
-
   def _rows(self, u, sigma):
     """The model's row of every code: its dither's bin, or a special row."""
+    # Exact in float32 (`ecdq_tables.dither_bin`): u + 1/2 is a multiple of
+    # 2**-24 below 1, and `bins` a power of two, so the bin is below `bins`.
     ubin = tf.cast(tf.floor((u + 0.5) * self._bins), tf.int32)
-    ubin = tf.minimum(ubin, self._bins - 1)
     special = tf.where(sigma == 0, ecdq_tables.zero_bucket_row(self._bins),
                        ecdq_tables.nonfinite_bucket_row(self._bins))
     ok = tf.logical_and(tf.math.is_finite(sigma), sigma > 0)
@@ -272,7 +262,7 @@ class EntropyCodedDitheredCodec(base.Codec):
     d, r = self._bucket_size, self._step_ratio
     xb = base.to_buckets(x, d)
     num_buckets = xb.shape[0]
-    yb = rotation_ops.rotate(xb, self._signs(seed, num_buckets, xb.dtype))
+    yb = self._rotate(xb, seed)
     sigma = _bfloat16_up(_rms(yb))                        # [B] float32
     step = tf.cast(sigma, yb.dtype) * r
     u = base.dither(seed, num_buckets, d, yb.dtype)
@@ -310,7 +300,7 @@ class EntropyCodedDitheredCodec(base.Codec):
                   tf.zeros_like(u))
     yb = tf.where(tf.math.is_finite(sigma)[:, None], yb,
                   tf.fill(tf.shape(u), tf.constant(math.nan, dtype)))
-    xb = rotation_ops.unrotate(yb, self._signs(seed, num_buckets, dtype))
+    xb = self._unrotate(yb, seed)
     return base.from_buckets(xb, n)
 
 

@@ -63,6 +63,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from ndq_tf.ops import checks
+
 __all__ = [
     "MIN_STEP_RATIO",
     "MAX_STEP_RATIO",
@@ -148,15 +150,8 @@ def _antiderivative(s):
   return s * cdf + pdf
 
 
-def _check_int(name, value, low, high, power_of_two=False):
-  ok = (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-        and low <= value <= high
-        and not (power_of_two and value & (value - 1)))
-  if not ok:
-    rule = "a power of two" if power_of_two else "an integer"
-    raise ValueError(f"`{name}` must be {rule} in [{low}, {high}]. "
-                     f"Received: {name}={value!r}.")
-  return int(value)
+def _check_bins(bins):
+  return checks.check_int("bins", bins, 1, MAX_BINS, power_of_two=True)
 
 
 def _check(step_ratio, bucket_size, bins=1, precision=MAX_PRECISION):
@@ -167,10 +162,11 @@ def _check(step_ratio, bucket_size, bins=1, precision=MAX_PRECISION):
     raise ValueError(
         f"`step_ratio` (Δ/σ) must be a number in [{MIN_STEP_RATIO}, "
         f"{MAX_STEP_RATIO}]. Received: step_ratio={step_ratio!r}.")
-  d = _check_int("bucket_size", bucket_size, _MIN_BUCKET, _MAX_BUCKET, True)
-  bins = _check_int("bins", bins, 1, MAX_BINS, True)
-  precision = _check_int("precision", precision, MIN_PRECISION,
-                         MAX_PRECISION)
+  d = checks.check_int("bucket_size", bucket_size, _MIN_BUCKET, _MAX_BUCKET,
+                       power_of_two=True)
+  bins = _check_bins(bins)
+  precision = checks.check_int("precision", precision, MIN_PRECISION,
+                               MAX_PRECISION)
   r = float(step_ratio)
   alphabet = 2 * _max_abs_symbol(r, d) + 1
   if 2 * alphabet > 2**precision:
@@ -209,7 +205,7 @@ def max_abs_symbol(step_ratio, bucket_size):
 
 def num_rows(bins):
   """`bins + 2`: the dither's bins, the zero row and the non-finite row."""
-  return _check_int("bins", bins, 1, MAX_BINS, True) + 2
+  return _check_bins(bins) + 2
 
 
 def dither_bin(u, bins):
@@ -219,7 +215,7 @@ def dither_bin(u, bins):
   minus 1/2) and a power-of-two `bins`: a shift of `u`'s 24-bit integer,
   which is how a codec should compute it.
   """
-  bins = _check_int("bins", bins, 1, MAX_BINS, True)
+  bins = _check_bins(bins)
   if not -0.5 <= u < 0.5:
     raise ValueError(f"`u` must be in [-0.5, 0.5). Received: u={u!r}.")
   return math.floor((u + 0.5) * bins)
@@ -227,12 +223,12 @@ def dither_bin(u, bins):
 
 def zero_bucket_row(bins):
   """`bins`: the row of a bucket of zeros (everything on `q = 0`)."""
-  return _check_int("bins", bins, 1, MAX_BINS, True)
+  return _check_bins(bins)
 
 
 def nonfinite_bucket_row(bins):
   """`bins + 1`: the row of a bucket with a NaN or an Inf (on `q = 0`)."""
-  return _check_int("bins", bins, 1, MAX_BINS, True) + 1
+  return _check_bins(bins) + 1
 
 
 def _bin_probabilities(r, a, bins, j):

@@ -87,6 +87,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from ndq_tf.ops import checks
+
 __all__ = [
     "MAX_PRECISION",
     "rans_capacity_words",
@@ -114,17 +116,8 @@ def _u32(value):
   return tf.constant(value, tf.uint32)
 
 
-def _check_int(name, value, low, high=None):
-  if (not isinstance(value, (int, np.integer)) or isinstance(value, bool)
-      or value < low or (high is not None and value > high)):
-    bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-    raise ValueError(f"`{name}` must be an integer {bound}. Received: "
-                     f"{name}={value!r}.")
-  return int(value)
-
-
 def _check_precision(precision):
-  return _check_int("precision", precision, 1, MAX_PRECISION)
+  return checks.check_int("precision", precision, 1, MAX_PRECISION)
 
 
 def _cdf_tensor(cdf, precision):
@@ -219,8 +212,8 @@ def _wide_counts(num_elements, num_lanes):
 
 def rans_header_words(num_elements, num_lanes):
   """The `int32` words of the header: `L` states and the `L` word counts."""
-  num_elements = _check_int("num_elements", num_elements, 0)
-  num_lanes = _check_int("num_lanes", num_lanes, 1)
+  num_elements = checks.check_int("num_elements", num_elements, 0)
+  num_lanes = checks.check_int("num_lanes", num_lanes, 1)
   if _wide_counts(num_elements, num_lanes):
     return 2 * num_lanes
   return num_lanes + -(-num_lanes // 2)
@@ -384,7 +377,7 @@ def rans_encode(symbols, rows, cdf, num_lanes, precision=15, max_bits=None):
       out of range or a symbol of frequency 0.
   """
   precision = _check_precision(precision)
-  num_lanes = _check_int("num_lanes", num_lanes, 1)
+  num_lanes = checks.check_int("num_lanes", num_lanes, 1)
   cdf, static = _cdf_tensor(cdf, precision)
   symbols = _check_elements("symbols", symbols, None)
   n = symbols.shape[0]
@@ -520,8 +513,8 @@ def rans_decode(words, rows, cdf, num_elements, num_lanes, precision=15,
       corrupted) decodes to garbage without an error.
   """
   precision = _check_precision(precision)
-  n = _check_int("num_elements", num_elements, 0)
-  num_lanes = _check_int("num_lanes", num_lanes, 1)
+  n = checks.check_int("num_elements", num_elements, 0)
+  num_lanes = checks.check_int("num_lanes", num_lanes, 1)
   cdf, _ = _cdf_tensor(cdf, precision)
   rows = _check_elements("rows", rows, n)
   words = tf.convert_to_tensor(words)
