@@ -110,8 +110,7 @@ def coerce_codec(codec, name="codec"):
   Raises:
     TypeError: for a codec *class* (the message suggests the call), `None`,
       or an object without the codec methods.
-    ValueError: for a string or dict that is not a codec spec, or a codec
-      whose payloads vary in length (`variable_length`).
+    ValueError: for a string or dict that is not a codec spec.
   """
   if inspect.isclass(codec):
     raise TypeError(
@@ -134,7 +133,7 @@ def coerce_codec(codec, name="codec"):
         f"num_levels=3)), a spec string (e.g. 'dqsg:num_levels=3') or a "
         f"codec config dict. Received: {name}={codec!r} of type "
         f"{type(codec).__name__}.")
-  return ndq_codecs.base.check_fixed_length(codec, name, codec)
+  return codec
 
 
 def _check_int(value, name, low=None, high=None):
@@ -354,6 +353,9 @@ class CompressionOptions:
           f"`{name}` (a count or a fraction of the senders; default "
           f"{DEFAULT_REFERENCE_GROUP}). Received: reference_codec=None.")
     reference_codec = coerce_codec(reference_codec, "reference_codec")
+    # Nested groups keep fixed-length codes (entropy-coded ones later).
+    ndq_codecs.base.check_fixed_length(reference_codec, "reference_codec",
+                                       reference_codec)
     if getattr(reference_codec, "needs_side_information", False):
       raise ValueError(
           f"`reference_codec` must not need side information (the reference "

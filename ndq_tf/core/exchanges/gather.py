@@ -5,10 +5,12 @@ Every receiver gets every sender's packed `int32` payload (a transport's
 `transports.DeviceCopyTransport` across devices) and decodes each in
 sender order, with side information for the nested senders
 (`fusion_codec.decode_senders`), then sums them
-(`fusion_sum.sum_senders`). Every codec, nested ones included. Cost
-(docs/scaling.md): every worker sends its payload, framed by `HEADER_WORDS`
-words and padded to the longest payload, through a ring all-gather; every
-worker decodes every sender.
+(`fusion_sum.sum_senders`). Every codec, nested ones included; a
+variable-length codec's payloads (`Codec.variable_length`) travel as the
+words they use (`fusion_codec.used_words`), which the telemetry counts.
+Cost (docs/scaling.md): every worker sends its payload, framed by
+`HEADER_WORDS` words and padded to the longest payload, through a ring
+all-gather; every worker decodes every sender.
 """
 
 import collections
@@ -84,6 +86,9 @@ class GatherExchange(base.Exchange):
           noise = variables[0].read_value() * variables[1].read_value()
 
     local = [x.index for x in senders]
+    # Variable-length payloads (one codec for every sender: nested groups
+    # have fixed-length codes) travel as the words they use.
+    variable = any(getattr(c, "variable_length", False) for c in codecs)
     totals = collections.defaultdict(list)  # Receiver -> one sum per chunk.
     # Receiver -> its transport's checks (headers, stamps). A chunk decodes
     # as soon as its payloads arrive, not behind the previous chunk's checks
@@ -115,12 +120,26 @@ class GatherExchange(base.Exchange):
                 chunk=chunk))
 
         words = [plan.chunk_wire_words(c, chunk) for c in codecs]
+        local_wires = [(x.index, x.device, w) for x, w in zip(senders, wires)]
         with tf.name_scope("ndq_exchange"):
-          receptions = transport.exchange(
-              [(x.index, x.device, w) for x, w in zip(senders, wires)],
-              words, step, fingerprint=context.fingerprint)
-        payload_words += sum(words[i] for i in local)
-        framing_bits += transport.framing_bits(words, local)
+          if variable:
+            # Only the words each payload uses travel, and count.
+            used = []
+            for x, w in zip(senders, wires):
+              with tf.device(x.device):
+                used.append(fusion_codec.used_words(codecs[x.index], w,
+                                                    plan, chunk))
+            receptions = transport.exchange(
+                local_wires, words, step, fingerprint=context.fingerprint,
+                used=used)
+            payload_words += tf.add_n([tf.cast(u, tf.int64) for u in used])
+            framing_bits += transport.framing_bits(
+                words, local, lengths=receptions[0].lengths)
+          else:
+            receptions = transport.exchange(
+                local_wires, words, step, fingerprint=context.fingerprint)
+            payload_words += sum(words[i] for i in local)
+            framing_bits += transport.framing_bits(words, local)
         link_bits += self.bits(codecs, chunk.length, num_senders)
 
         if transport.shared_memory:

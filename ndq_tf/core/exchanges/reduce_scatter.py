@@ -131,6 +131,9 @@ def _refusal(codec):
     return ("the reduce-scatter cuts the buffer into shards of whole "
             "buckets, so `codec` must have a `bucket_size`; use "
             "exchange='all_gather' or 'all_reduce'")
+  if getattr(codec, "variable_length", False):
+    return ("its payloads vary in length, and the reduce-scatter's shards "
+            "travel at a fixed length; use exchange='all_gather'")
   return None
 
 

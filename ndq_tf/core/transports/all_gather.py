@@ -58,11 +58,13 @@ class CollectiveAllGatherTransport(base.Transport):
   def num_senders(self):
     return self._num_workers
 
-  def framing_bits(self, words, local_senders):
+  def framing_bits(self, words, local_senders, lengths=None):
+    del lengths  # Payloads travel at their static length.
     return 32 * sum(HEADER_WORDS + max(words) - words[k]
                     for k in local_senders)
 
-  def exchange(self, local_wires, words, step, fingerprint=0):
+  def exchange(self, local_wires, words, step, fingerprint=0, used=None):
+    del used  # Payloads travel at their static length.
     ((sender, _, wire),) = local_wires
     if sender != self._worker_id:
       raise ValueError(
