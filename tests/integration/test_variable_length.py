@@ -15,9 +15,9 @@ import pytest
 import tensorflow as tf
 
 import ndq_tf
-from ndq_tf import ops
 from ndq_tf.core import engine as engine_lib
 from ndq_tf.core import fusion_codec
+from ndq_tf.core import fusion_plan
 from ndq_tf.core.scope import compressed
 
 NUM_REPLICAS = 4
@@ -59,30 +59,42 @@ def _strategy_sums(strategy, grads, steps):
           for _ in range(steps)]
 
 
-def _direct(codec, grads, step):
-  """Each replica's own encode and decode at the exchange's seeds, summed."""
+def _direct(codec, grads, step, chunk_elements=None):
+  """Each replica's own encode and decode at the exchange's seeds, summed.
+
+  Chunk by chunk as the exchange cuts the buffer, each chunk with the
+  dither it has in the whole buffer (`dither_offset`).
+  """
   base = tf.constant([SEED, engine_lib.SEED_TAG], tf.int32)
-  total, bits = np.zeros([N], np.float32), 0
+  plan = fusion_plan.FusionPlan([[N]], [tf.float32], D)
+  total, bits = np.zeros([plan.total_size], np.float32), 0
   for k, g in enumerate(grads):
     # The fused buffer is one codec segment: its seed is segment 0's.
     seed = fusion_codec.derive_seed(base, step, k, segment=0)
-    payload = codec.encode(tf.constant(g), seed)
-    total = total + codec.decode(payload, seed).numpy()  # Sender order.
-    bits += int(codec.payload_bits(payload))
-  return total, bits
+    fused = np.pad(g, [0, plan.total_size - N])
+    parts = []
+    for chunk in plan.chunks(chunk_elements):
+      a, b = chunk.start, chunk.start + chunk.length
+      payload = codec.encode(tf.constant(fused[a:b]), seed, dither_offset=a)
+      parts.append(codec.decode(payload, seed, dither_offset=a).numpy())
+      bits += int(codec.payload_bits(payload))
+    total = total + np.concatenate(parts)  # Sender order.
+  return total[:N], bits
 
 
-@pytest.mark.parametrize("exchange", ["all_gather"])
-def test_replicas_are_bitwise_identical_and_sum_the_direct_decodes(exchange):
+@pytest.mark.parametrize("exchange, chunk_elements", [
+    ("all_gather", 3 * D)])
+def test_replicas_are_bitwise_identical_and_sum_the_direct_decodes(
+    exchange, chunk_elements):
   codec = ndq_tf.EntropyCodedDitheredCodec(bits=1.0, bucket_size=D)
   strategy = ndq_tf.MirroredStrategy(codec=codec, devices=_devices(),
                                      min_elements=64, exchange=exchange,
-                                     seed=SEED)
+                                     seed=SEED, chunk_elements=chunk_elements)
   grads = _grads()
   for step, sums in enumerate(_strategy_sums(strategy, grads, steps=2)):
     for other in sums[1:]:
       np.testing.assert_array_equal(_bits(other), _bits(sums[0]))
-    want, payload_bits = _direct(codec, grads, step)
+    want, payload_bits = _direct(codec, grads, step, chunk_elements)
     np.testing.assert_array_equal(_bits(sums[0]), _bits(want))
   stats = strategy.compression_stats()
   assert stats["transport"] == exchange
