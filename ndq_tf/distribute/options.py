@@ -191,7 +191,8 @@ class CompressionOptions:
       only for the codecs whose payloads add up, `Codec.summed_form`),
       `"reduce_scatter"` (bucketed codecs, nested groups too: each sender's
       shard `j` goes to receiver `j`, which sums the shards and
-      re-quantizes the sum with DQSG for an all-gather; bits and decode
+      re-quantizes the sum with DQSG (an entropy-coded codec with itself)
+      for an all-gather; bits and decode
       work flat in the number of senders,
       `ndq_tf.core.exchanges.reduce_scatter`; across processes not in the
       adaptive nested mode), or `"auto"` (default): per exchange, the one a
@@ -206,7 +207,9 @@ class CompressionOptions:
     reduce_scatter_levels: `exchange="reduce_scatter"` only: the
       `num_levels` of the DQSG that re-quantizes the reduced shards; None:
       `codec.num_levels` for a `DitheredCodec`, at least 2 (the sum of the
-      shards has a wider range than one gradient; docs/algorithms.md).
+      shards has a wider range than one gradient; docs/algorithms.md). Not
+      for a variable-length codec (`EntropyCodedDitheredCodec`), which
+      re-codes the shards itself.
     reduce_scatter_error_feedback: `exchange="reduce_scatter"` only: each
       receiver adds its last re-quantization's residual to its reduced
       shard before re-quantizing it, so stage 2's errors do not accumulate
@@ -254,6 +257,11 @@ class CompressionOptions:
             f"`reduce_scatter_levels` is only for exchange="
             f"'reduce_scatter'. Received: reduce_scatter_levels="
             f"{levels!r}, exchange={exchange!r}.")
+      if getattr(codec, "variable_length", False):
+        raise ValueError(
+            f"`reduce_scatter_levels` sets stage 2's DQSG, and a "
+            f"variable-length codec re-codes the reduced shards itself. "
+            f"Received: reduce_scatter_levels={levels!r}, codec={codec!r}.")
     self._reduce_scatter_levels = levels
     feedback = values["reduce_scatter_error_feedback"]
     if not isinstance(feedback, bool):

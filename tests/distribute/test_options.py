@@ -310,11 +310,16 @@ def test_variable_length_codecs_travel_only_as_the_options_own_codec(codec):
                        reference_codec=codec)
 
 
-def test_exchanges_that_cannot_carry_variable_length_codecs_name_it():
+def test_the_integer_all_reduce_refuses_variable_length_codecs_naming_it():
   codec = ndq_tf.EntropyCodedDitheredCodec(bits=1.0)
   with pytest.raises(ValueError, match=r"exchange='all_reduce' cannot sum "
                      r"the payloads of codec=EntropyCodedDitheredCodec\("):
     CompressionOptions(codec=codec, exchange="all_reduce")
-  with pytest.raises(ValueError, match=r"exchange='reduce_scatter' .*"
-                     r"codec=EntropyCodedDitheredCodec\(.*vary in length"):
-    CompressionOptions(codec=codec, exchange="reduce_scatter")
+  options = CompressionOptions(codec=codec, exchange="reduce_scatter")
+  assert options.reduce_scatter_levels is None
+  # Stage 2 re-codes with the codec itself: DQSG's levels do not apply.
+  with pytest.raises(ValueError, match=r"`reduce_scatter_levels` sets stage "
+                     r"2's DQSG.*Received: reduce_scatter_levels=2, "
+                     r"codec=EntropyCodedDitheredCodec\("):
+    CompressionOptions(codec=codec, exchange="reduce_scatter",
+                       reduce_scatter_levels=2)

@@ -5,8 +5,9 @@ Real TensorFlow and Keras on 4 logical CPU devices (tests/conftest.py).
 (issue #35): every replica gets bitwise the same sum, equal to the sum of
 each replica's own `decode(encode(...))` at the exchange's seeds, and the
 telemetry counts the words used, not the static worst case. The worker
-processes' checks are in the shared multi-worker jobs
-(integration/test_multi_worker.py).
+processes' checks run in a shared multi-worker job
+(integration/test_reduce_scatter_multi_worker.py); both compare with
+`ecdq_reference`.
 """
 
 import keras
@@ -15,10 +16,9 @@ import pytest
 import tensorflow as tf
 
 import ndq_tf
-from ndq_tf.core import engine as engine_lib
-from ndq_tf.core import fusion_codec
-from ndq_tf.core import fusion_plan
 from ndq_tf.core.scope import compressed
+
+import ecdq_reference
 
 NUM_REPLICAS = 4
 SEED = 13
@@ -59,31 +59,8 @@ def _strategy_sums(strategy, grads, steps):
           for _ in range(steps)]
 
 
-def _direct(codec, grads, step, chunk_elements=None):
-  """Each replica's own encode and decode at the exchange's seeds, summed.
-
-  Chunk by chunk as the exchange cuts the buffer, each chunk with the
-  dither it has in the whole buffer (`dither_offset`).
-  """
-  base = tf.constant([SEED, engine_lib.SEED_TAG], tf.int32)
-  plan = fusion_plan.FusionPlan([[N]], [tf.float32], D)
-  total, bits = np.zeros([plan.total_size], np.float32), 0
-  for k, g in enumerate(grads):
-    # The fused buffer is one codec segment: its seed is segment 0's.
-    seed = fusion_codec.derive_seed(base, step, k, segment=0)
-    fused = np.pad(g, [0, plan.total_size - N])
-    parts = []
-    for chunk in plan.chunks(chunk_elements):
-      a, b = chunk.start, chunk.start + chunk.length
-      payload = codec.encode(tf.constant(fused[a:b]), seed, dither_offset=a)
-      parts.append(codec.decode(payload, seed, dither_offset=a).numpy())
-      bits += int(codec.payload_bits(payload))
-    total = total + np.concatenate(parts)  # Sender order.
-  return total[:N], bits
-
-
 @pytest.mark.parametrize("exchange, chunk_elements", [
-    ("all_gather", 3 * D)])
+    ("all_gather", 3 * D), ("reduce_scatter", None)])
 def test_replicas_are_bitwise_identical_and_sum_the_direct_decodes(
     exchange, chunk_elements):
   codec = ndq_tf.EntropyCodedDitheredCodec(bits=1.0, bucket_size=D)
@@ -94,14 +71,21 @@ def test_replicas_are_bitwise_identical_and_sum_the_direct_decodes(
   for step, sums in enumerate(_strategy_sums(strategy, grads, steps=2)):
     for other in sums[1:]:
       np.testing.assert_array_equal(_bits(other), _bits(sums[0]))
-    want, payload_bits = _direct(codec, grads, step, chunk_elements)
+    if exchange == "all_gather":
+      want, used = ecdq_reference.direct_all_gather(codec, grads, SEED, step,
+                                                    chunk_elements)
+    else:
+      want, used, used2 = ecdq_reference.direct_reduce_scatter(
+          codec, grads, SEED, step)
+      used = [sum(u) for u in used] + used2
     np.testing.assert_array_equal(_bits(sums[0]), _bits(want))
+    payload_bits = 32 * sum(used)
   stats = strategy.compression_stats()
   assert stats["transport"] == exchange
   # The words really used (the last step's), not the static worst case.
   assert stats["payload_bits"] == payload_bits
   assert stats["sent_bits"] == stats["payload_bits"]  # Nothing lossless.
-  assert payload_bits < NUM_REPLICAS * codec.max_wire_bits(N) / 4
+  assert payload_bits < 2 * NUM_REPLICAS * codec.max_wire_bits(N) / 4
   assert stats["compressed_elements"] == N
 
 

@@ -42,11 +42,16 @@ class GatherExchange(base.Exchange):
     """`(P - 1)·32·(HEADER_WORDS + max_p wire_words_p)`: a ring all-gather.
 
     Rows are padded to the longest payload of the exchange (a nested
-    group's codecs differ).
+    group's codecs differ). A variable-length codec's rows are its
+    expected payload (`wire_bits`, an expectation) after a length round
+    of one more header: `(P - 1)·32·(2·HEADER_WORDS + wire_words)`, an
+    expectation too (the rows are as long as the longest sender's).
     """
     distinct = {id(c): c for c in codecs}.values()
     row_words = self.framing_words + max(
         c.wire_bits(num_elements) // 32 for c in distinct)
+    if any(getattr(c, "variable_length", False) for c in distinct):
+      row_words += self.framing_words  # The length round.
     return theory.ring_all_gather_bits(32 * row_words, num_workers)
 
   def work(self, codecs, num_elements, num_workers, shared_memory=False):
