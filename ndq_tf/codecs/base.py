@@ -67,18 +67,21 @@ def check_float(name, value, low, high, low_inclusive=False):
 
 
 def check_fixed_length(codec, name, value):
-  """Raises unless `codec`'s payloads have a fixed length (the exchanges').
+  """Raises unless `codec`'s payloads have a fixed length.
 
-  `name`, `value`: the argument and what the caller passed, for the message.
+  For the codecs that the exchanges carry only at a fixed length: PowerSGD's
+  factor and fallback codecs and a nested group's reference codec (the
+  all-gather carries a variable-length `codec` itself, trimmed to the words
+  each payload uses). `name`, `value`: the argument and what the caller
+  passed, for the message.
   """
   if getattr(codec, "variable_length", False):
     raise ValueError(
-        f"`{name}`: the exchanges of this release send fixed-length "
-        f"payloads, and this codec's payloads vary in length (padded to "
-        f"their worst case, they would cost more than float32); use a "
-        f"fixed-length codec, or this one's encode and decode directly, "
-        f"until the exchanges trim payloads (issue #35). Received: "
-        f"{name}={value!r}.")
+        f"`{name}` must have fixed-length payloads: this codec's vary in "
+        f"length, and only the options' own `codec` may (the all-gather "
+        f"trims each payload to the words it uses); PowerSGD's factors "
+        f"and a nested group's reference codes stay fixed-length (issue "
+        f"#35). Received: {name}={value!r}.")
   return codec
 
 

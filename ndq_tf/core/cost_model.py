@@ -95,7 +95,9 @@ def exchange_bits(codec, num_elements, num_workers, transport):
     `transports.all_gather.HEADER_WORDS` and padded to the longest payload
     of the exchange, through a ring all-gather:
     `(P - 1)·32·(5 + max_p wire_words_p)` (`theory.ring_all_gather_bits`).
-    Every codec, nested ones included.
+    Every codec, nested ones included. A variable-length codec's
+    `wire_bits(n)` is an expectation, and its payloads follow a round of
+    headers: `(P - 1)·32·(10 + wire_words)`, an expectation.
   * `"all_reduce"`: the integer sum of codes (`theory.codes_add_up`
     codecs only): the symbols packed in the densest exact lanes for `P`
     senders (`ndq_tf.ops.lane_layout`: `W` words of 32 or 64 bits) through

@@ -20,8 +20,9 @@ worker:
   the error.
 * `fingerprint`, on every exchange: one 32-bit hash of the options' full
   config (`CompressionOptions.get_config()`, so that codec options added
-  later are covered without a change here), the fusion plan's signature
-  and the exchange kind. The all-gather carries it in every row's header,
+  later are covered without a change here), an entropy coder's step ratio
+  and table digest (`coding_tables`), the fusion plan's signature and the
+  exchange kind. The all-gather carries it in every row's header,
   the integer all-reduce on the MAX of the scales beside the step
   (`transports`); senders whose fingerprints differ stop the step, naming
   them. It catches what the options check cannot (another model, hence
@@ -55,6 +56,7 @@ __all__ = [
     "SETTLE_SECONDS",
     "agreed_config",
     "check_agreement",
+    "coding_tables",
     "config_words",
     "decode_digest",
     "describe_differences",
@@ -90,6 +92,18 @@ def _codec_digest(codec):
     return type(codec).__name__
   rng = np.random.default_rng(20190402)
   n = 2 * codec.bucket_size
+  if getattr(codec, "variable_length", False):
+    # An entropy-coded payload has no fixed form to make without its
+    # coder: the codec encodes small integers, whose rotation and scale
+    # are exact, and the digest covers that encode too (workers whose
+    # TensorFlows encode otherwise are stopped as well).
+    x = tf.constant(rng.integers(-64, 65, n).astype(np.float32))
+    seed = tf.constant([5, 7], tf.int32)
+    digest = hashlib.blake2b(digest_size=4)
+    payload = codec.encode(x, seed)
+    digest.update(payload.words.numpy().tobytes())
+    digest.update(codec.decode(payload, seed).numpy().tobytes())
+    return digest.hexdigest()
   scales = tf.constant(
       (rng.uniform(0.5, 1.0, 2) * 2.0 ** rng.integers(-20, 6, 2)).astype(
           np.float32))
@@ -166,12 +180,33 @@ def fingerprint(options, plan_signature, kind, decoded_bits=True):
   """
   config = {"options": options.get_config(), "plan": plan_signature,
             "kind": kind}
+  tables = coding_tables(options)
+  if tables:  # Only then: the other fingerprints stay as they were.
+    config["tables"] = tables
   if decoded_bits:
     config["decoded_bits"] = decode_digest(options)
   text = _canonical(config)
   value = int.from_bytes(
       hashlib.blake2b(text.encode(), digest_size=4).digest(), "little")
   return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def coding_tables(options):
+  """What the options' entropy coders code with, beyond their configs.
+
+  An entropy-coded codec (`table_digest`) codes with an integer table
+  derived from its step ratio, which `bits=` maps through a float formula
+  (`theory.ecdq_step_ratio`): the fingerprint covers the ratio (its exact
+  float) and the table's SHA-256, so that workers whose tables differ stop
+  rather than decode each other's streams as garbage. `[]` without one.
+  """
+  codecs = [options.codec]
+  if options.low_rank is not None:
+    codecs = [options.low_rank.fallback_codec, options.low_rank.factor_codec]
+  if options.nested:
+    codecs.append(options.reference_codec)
+  return [[float(c.step_ratio).hex(), c.table_digest()] for c in codecs
+          if callable(getattr(c, "table_digest", None))]
 
 
 def config_words(options):

@@ -22,6 +22,7 @@ __all__ = [
     "encode_flat",
     "encode_fused",
     "segment_seed",
+    "used_words",
     "wire_scales",
 ]
 
@@ -139,6 +140,35 @@ def encode_flat(codec, fused, seed, plan, noise_scale=None, chunk=None):
   return tf.concat(wires, axis=0) if len(wires) > 1 else wires[0]
 
 
+def used_words(codec, wire, plan, chunk=None):
+  """The words of one sender's wire that carry anything (an `int32` scalar).
+
+  A variable-length codec's wire (`codec.variable_length`: one payload,
+  since such codecs are bucketed) uses its first `codec.payload_words`
+  words and holds zeros after them: a transport may leave those out and
+  the receivers put them back (`transports.base.restore`); the decode is
+  the same. A fixed-length codec's wire uses all of its words.
+
+  Args:
+    codec: the sender's codec.
+    wire: its 1-D `int32` wire (`encode_flat`).
+    plan: the `FusionPlan` it encoded with.
+    chunk: the chunk the wire holds, or None for the whole buffer.
+  """
+  pieces = _pieces(plan, chunk)
+  if not getattr(codec, "variable_length", False):
+    return tf.constant(sum(fusion_plan.codec_wire_words(codec, length)
+                           for _, _, length, _ in pieces), tf.int32)
+  if len(pieces) > 1:
+    raise ValueError(
+        f"A variable-length codec needs a bucketed plan (one payload per "
+        f"wire). Received: codec={codec!r} with a wire of {len(pieces)} "
+        f"payloads.")
+  if not pieces:
+    return tf.constant(0, tf.int32)
+  return tf.cast(codec.payload_words(wire), tf.int32)
+
+
 def _pieces(plan, chunk):
   """The `(segment, start, length, dither_offset)` pieces of `chunk`."""
   if chunk is not None:
@@ -154,7 +184,7 @@ def _decode_fused(codec, wire, seed, plan, side_information=None,
   wire_offset = 0
   base = 0 if chunk is None else chunk.start
   for segment, start, length, offset in _pieces(plan, chunk):
-    words = codec.wire_bits(length) // 32
+    words = fusion_plan.codec_wire_words(codec, length)
     payload = codec.from_wire(wire[wire_offset:wire_offset + words],
                               [length], tf.float32)
     wire_offset += words

@@ -14,6 +14,7 @@ import tensorflow as tf
 __all__ = [
     "Chunk",
     "FusionPlan",
+    "codec_wire_words",
 ]
 
 
@@ -23,6 +24,19 @@ __all__ = [
 #: index of the plan's segment it belongs to (whose seed it draws from),
 #: and `dither_offset` is `piece_start` minus that segment's start.
 Chunk = collections.namedtuple("Chunk", ["start", "length", "pieces"])
+
+
+def codec_wire_words(codec, num_elements):
+  """The static `int32` words of `codec`'s wire of `num_elements` values.
+
+  `wire_bits(n) / 32` for a fixed-length codec; for a variable-length one
+  (`variable_length`, whose `wire_bits` is an expectation) the longest
+  payload, `max_wire_bits(n) / 32`: its wire is that long, the words it
+  does not use are zeros (`fusion_codec.used_words`).
+  """
+  if getattr(codec, "variable_length", False):
+    return codec.max_wire_bits(num_elements) // 32
+  return codec.wire_bits(num_elements) // 32
 
 
 class FusionPlan:
@@ -214,7 +228,7 @@ class FusionPlan:
 
   def chunk_wire_words(self, codec, chunk):
     """Length of one sender's `int32` wire of `chunk` with `codec`."""
-    return sum(codec.wire_bits(length) // 32
+    return sum(codec_wire_words(codec, length)
                for _, _, length, _ in chunk.pieces)
 
   def split_chunks(self, chunks, totals):
@@ -283,7 +297,8 @@ class FusionPlan:
 
   def wire_words(self, codec):
     """Length of one sender's `int32` wire with `codec`."""
-    return sum(codec.wire_bits(length) // 32 for _, length in self._segments)
+    return sum(codec_wire_words(codec, length)
+               for _, length in self._segments)
 
   def wire_bits(self, codec):
     """Bits of one sender's wire with `codec` (`32 * wire_words`)."""

@@ -110,8 +110,7 @@ def coerce_codec(codec, name="codec"):
   Raises:
     TypeError: for a codec *class* (the message suggests the call), `None`,
       or an object without the codec methods.
-    ValueError: for a string or dict that is not a codec spec, or a codec
-      whose payloads vary in length (`variable_length`).
+    ValueError: for a string or dict that is not a codec spec.
   """
   if inspect.isclass(codec):
     raise TypeError(
@@ -134,7 +133,7 @@ def coerce_codec(codec, name="codec"):
         f"num_levels=3)), a spec string (e.g. 'dqsg:num_levels=3') or a "
         f"codec config dict. Received: {name}={codec!r} of type "
         f"{type(codec).__name__}.")
-  return ndq_codecs.base.check_fixed_length(codec, name, codec)
+  return codec
 
 
 def _check_int(value, name, low=None, high=None):
@@ -192,7 +191,8 @@ class CompressionOptions:
       only for the codecs whose payloads add up, `Codec.summed_form`),
       `"reduce_scatter"` (bucketed codecs, nested groups too: each sender's
       shard `j` goes to receiver `j`, which sums the shards and
-      re-quantizes the sum with DQSG for an all-gather; bits and decode
+      re-quantizes the sum with DQSG (an entropy-coded codec with itself)
+      for an all-gather; bits and decode
       work flat in the number of senders,
       `ndq_tf.core.exchanges.reduce_scatter`; across processes not in the
       adaptive nested mode), or `"auto"` (default): per exchange, the one a
@@ -207,7 +207,9 @@ class CompressionOptions:
     reduce_scatter_levels: `exchange="reduce_scatter"` only: the
       `num_levels` of the DQSG that re-quantizes the reduced shards; None:
       `codec.num_levels` for a `DitheredCodec`, at least 2 (the sum of the
-      shards has a wider range than one gradient; docs/algorithms.md).
+      shards has a wider range than one gradient; docs/algorithms.md). Not
+      for a variable-length codec (`EntropyCodedDitheredCodec`), which
+      re-codes the shards itself.
     reduce_scatter_error_feedback: `exchange="reduce_scatter"` only: each
       receiver adds its last re-quantization's residual to its reduced
       shard before re-quantizing it, so stage 2's errors do not accumulate
@@ -255,6 +257,11 @@ class CompressionOptions:
             f"`reduce_scatter_levels` is only for exchange="
             f"'reduce_scatter'. Received: reduce_scatter_levels="
             f"{levels!r}, exchange={exchange!r}.")
+      if getattr(codec, "variable_length", False):
+        raise ValueError(
+            f"`reduce_scatter_levels` sets stage 2's DQSG, and a "
+            f"variable-length codec re-codes the reduced shards itself. "
+            f"Received: reduce_scatter_levels={levels!r}, codec={codec!r}.")
     self._reduce_scatter_levels = levels
     feedback = values["reduce_scatter_error_feedback"]
     if not isinstance(feedback, bool):
@@ -354,6 +361,9 @@ class CompressionOptions:
           f"`{name}` (a count or a fraction of the senders; default "
           f"{DEFAULT_REFERENCE_GROUP}). Received: reference_codec=None.")
     reference_codec = coerce_codec(reference_codec, "reference_codec")
+    # Nested groups keep fixed-length codes (entropy-coded ones later).
+    ndq_codecs.base.check_fixed_length(reference_codec, "reference_codec",
+                                       reference_codec)
     if getattr(reference_codec, "needs_side_information", False):
       raise ValueError(
           f"`reference_codec` must not need side information (the reference "

@@ -320,6 +320,33 @@ def test_auto_picks_the_fastest_exchange_of_the_model():
   assert cost_model.auto(nested, n, 8) == "all_gather"
 
 
+def test_auto_never_sums_a_variable_length_codec():
+  codec = ndq_tf.EntropyCodedDitheredCodec(bits=1.0)
+  with pytest.raises(ValueError, match=r"exchange='all_reduce'.*entropy-"
+                     r"coded.*Received: codec=EntropyCodedDitheredCodec\("):
+    cost_model.exchange_bits(codec, _N, 8, "all_reduce")
+  for p in (2, 3, 8, 1024):
+    for model in ({}, {"on_cpu": False}, {"shared_memory": True},
+                  {"link_gbps": 0.1}):
+      assert set(cost_model.costs(codec, _N, p, **model)) == {
+          "all_gather", "reduce_scatter"}
+      assert cost_model.auto(codec, _N, p, **model) != "all_reduce"
+
+
+def test_variable_length_bits_are_expectations_after_a_length_round():
+  codec, p = ndq_tf.EntropyCodedDitheredCodec(bits=1.0), 4
+  words = codec.wire_bits(_N) // 32  # An expectation.
+  assert words < codec.max_wire_bits(_N) // 32 / 8
+  # A round of 5-word headers, then rows of the longest payload.
+  assert cost_model.exchange_bits(codec, _N, p, "all_gather") == (
+      32 * (p - 1) * (2 * all_gather.HEADER_WORDS + words))
+  # Stage 1: headers with every shard's length, then the rows; stage 2 the
+  # all-gather's two rounds, ECDQ re-coding the reduced shards.
+  shard = codec.wire_bits(_N // p) // 32
+  assert cost_model.exchange_bits(codec, _N, p, "reduce_scatter") == (
+      32 * (p - 1) * ((5 + p + shard) + (10 + shard)))
+
+
 def test_time_model_is_cpu_only_for_cpu_devices():
   cpu = "/job:worker/replica:0/task:1/device:CPU:0"
   gpu = "/job:worker/replica:0/task:1/device:GPU:0"

@@ -113,3 +113,32 @@ def test_check_agreement_names_each_workers_tensorflow_if_decodes_differ():
           f"on worker 1") in message
   assert "Install the same TensorFlow on every worker" in message
   assert len(calls) == 3  # The settle all-gather before the error.
+
+
+class _OtherTableCodec(ndq_tf.EntropyCodedDitheredCodec):
+  """ECDQ whose coding table differs, its config the same."""
+
+  def table_digest(self):
+    return "0" * 64
+
+
+def test_fingerprint_covers_the_entropy_coders_step_ratio_and_table():
+  codec = ndq_tf.EntropyCodedDitheredCodec(bits=1.3)
+  options = O(codec)
+  # `bits=` is in the config; the ratio it maps to, and the table, are not.
+  assert "step_ratio" not in codec.get_config()
+  assert fingerprint.coding_tables(options) == [
+      [float(codec.step_ratio).hex(), codec.table_digest()]]
+  assert fingerprint.coding_tables(O(ndq_tf.DitheredCodec())) == []
+  assert (fingerprint.fingerprint(options, "plan", "all_gather",
+                                  decoded_bits=False)
+          != fingerprint.fingerprint(O(_OtherTableCodec(bits=1.3)), "plan",
+                                     "all_gather", decoded_bits=False))
+
+
+def test_decode_digest_of_a_variable_length_codec_is_stable():
+  options = O(ndq_tf.EntropyCodedDitheredCodec(bits=1.0, bucket_size=64))
+  digest = fingerprint.decode_digest(options)
+  assert len(digest) == 8 and int(digest, 16) >= 0
+  fingerprint._DIGESTS.clear()  # pylint: disable=protected-access
+  assert fingerprint.decode_digest(options) == digest

@@ -294,14 +294,32 @@ def test_config_keeps_its_keys_and_loads_either_name():
 
 @pytest.mark.parametrize("codec", [
     "ecdq:bits=1.0", ndq_tf.EntropyCodedDitheredCodec(step_ratio=2.0)])
-def test_variable_length_codecs_are_refused_until_exchanges_trim(codec):
-  # Padded to its worst case, an ECDQ payload would cost more than float32:
-  # every way in refuses it, naming the argument and the codec.
-  message = r"`codec`: the exchanges of this release send fixed-length.*" \
-            r"Received: codec=EntropyCodedDitheredCodec\("
-  with pytest.raises(ValueError, match=message):
-    CompressionOptions(codec=codec)
-  with pytest.raises(ValueError, match=message):
-    ndq_tf.MirroredStrategy(codec=codec, devices=["/cpu:0"])
-  with pytest.raises(ValueError, match=r"`factor_codec`.*fixed-length"):
+def test_variable_length_codecs_travel_only_as_the_options_own_codec(codec):
+  # The all-gather trims ECDQ's payloads to the words they use; PowerSGD's
+  # factors and a nested group's reference codes stay fixed-length.
+  for exchange in ("auto", "all_gather"):
+    options = CompressionOptions(codec=codec, exchange=exchange)
+    assert options.codec.variable_length
+  assert ndq_tf.MirroredStrategy(codec=codec, devices=["/cpu:0"])
+  with pytest.raises(ValueError, match=r"`factor_codec` must have "
+                     r"fixed-length.*Received: factor_codec="):
     ndq_tf.PowerSGD(rank=2, factor_codec=codec)
+  with pytest.raises(ValueError, match=r"`reference_codec` must have "
+                     r"fixed-length.*Received: reference_codec=EntropyCoded"):
+    CompressionOptions(codec=ndq_tf.NestedDitheredCodec(),
+                       reference_codec=codec)
+
+
+def test_the_integer_all_reduce_refuses_variable_length_codecs_naming_it():
+  codec = ndq_tf.EntropyCodedDitheredCodec(bits=1.0)
+  with pytest.raises(ValueError, match=r"exchange='all_reduce' cannot sum "
+                     r"the payloads of codec=EntropyCodedDitheredCodec\("):
+    CompressionOptions(codec=codec, exchange="all_reduce")
+  options = CompressionOptions(codec=codec, exchange="reduce_scatter")
+  assert options.reduce_scatter_levels is None
+  # Stage 2 re-codes with the codec itself: DQSG's levels do not apply.
+  with pytest.raises(ValueError, match=r"`reduce_scatter_levels` sets stage "
+                     r"2's DQSG.*Received: reduce_scatter_levels=2, "
+                     r"codec=EntropyCodedDitheredCodec\("):
+    CompressionOptions(codec=codec, exchange="reduce_scatter",
+                       reduce_scatter_levels=2)

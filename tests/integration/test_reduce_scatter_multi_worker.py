@@ -13,7 +13,13 @@ two waves (at most 10 TensorFlow processes at a time):
 * `p3`, `p2`: 10 steps; identical SHA-256 weights on every worker, the
   telemetry's transport and the cost model's link bits. `p3` asks for
   `exchange="auto"`, which the time model resolves to the reduce-scatter
-  on 3 or more worker processes on CPUs (`cost_model.auto`);
+  on 3 or more worker processes on CPUs (`cost_model.auto`). After its
+  training `p2` exchanges ECDQ's variable-length payloads (issue #35) by
+  the all-gather and the reduce-scatter, 2 steps each, over its
+  strategy's collectives (`--ecdq_checks`; a few seconds, no new
+  process): both workers' sums are bitwise those of the codec's own
+  encode and decode (`ecdq_reference`), and the telemetry counts the
+  words used, the length rounds and the padding;
 * `nested2`: 2 workers, a nested group in the fixed mode (worker 0 sends
   DQSG, worker 1 NDQSG decoded with worker 0's shard as side
   information), 5 steps: identical weights, and worker 1 counts its
@@ -28,11 +34,15 @@ much CPU as the rest of the file, and the launcher ends a job whose worker
 dies whatever the exchange (test_all_reduce_multi_worker.py's `die`).
 """
 
+import hashlib
 import math
 
 import numpy as np
 import pytest
 import tensorflow as tf
+
+import ecdq_reference
+import ndq_tf
 
 # tests/integration/ as a namespace package (pytest.ini puts tests/ on
 # sys.path).
@@ -48,7 +58,8 @@ NESTED_CODEC = "ndqsg:num_levels=3,coarse_ratio=3"
 REFERENCE_CODEC = "dqsg:num_levels=1"
 NESTED_STEPS = 5
 WAVES = (
-    {"p3": (3, "auto", _STEPS), "p2": (2, TRANSPORT, _STEPS)},
+    {"p3": (3, "auto", _STEPS),
+     "p2": (2, TRANSPORT, _STEPS + ["--ecdq_checks"])},
     {"nested2": (2, TRANSPORT, [
          "--steps", str(NESTED_STEPS), "--codec", NESTED_CODEC,
          "--reference_codec", REFERENCE_CODEC]),
@@ -139,3 +150,44 @@ def test_error_feedback_keeps_workers_bitwise_identical(jobs):
   assert results[0]["weights"] != plain[0]["weights"]
   assert (results[0]["stats"]["model_link_bits"]
           == plain[0]["stats"]["model_link_bits"])
+
+
+def test_ecdq_payloads_keep_workers_bitwise_identical(jobs):
+  """ECDQ by the all-gather and the reduce-scatter across 2 processes.
+
+  Every worker's sum is bitwise the codec's own encode and decode at the
+  exchange's seeds, summed in sender order (both stages ECDQ for the
+  reduce-scatter), and the telemetry counts the words each payload uses,
+  the length rounds and the padding to the longest payload.
+  """
+  results = jobs["p2"].results()
+  worker = all_reduce_jobs.worker
+  codec = ndq_tf.EntropyCodedDitheredCodec(**worker.ECDQ_CONFIG)
+  p = len(results)
+  grads = [worker.ecdq_gradient(k) for k in range(p)]
+  header = 5  # Both transports' header words.
+  for exchange in worker.ECDQ_EXCHANGES:
+    for step in range(worker.ECDQ_STEPS):
+      if exchange == "all_gather":
+        want, used = ecdq_reference.direct_all_gather(
+            codec, grads, worker.ECDQ_SEED, step)
+      else:
+        want, used, used2 = ecdq_reference.direct_reduce_scatter(
+            codec, grads, worker.ECDQ_SEED, step)
+      digest = hashlib.sha256(
+          np.ascontiguousarray(want, np.float32).tobytes()).hexdigest()
+      for k, r in enumerate(results):
+        assert r["ecdq"][exchange]["sums"][step] == digest, (exchange, k)
+    for k, r in enumerate(results):  # The last step's telemetry.
+      stats = r["ecdq"][exchange]["stats"]
+      assert stats["transport"] == exchange
+      if exchange == "all_gather":
+        payload = used[k]
+        framing = header + max(used) - used[k]
+      else:
+        longest = max(max(u) for u in used)
+        payload = sum(used[k]) + used2[k]
+        framing = (p * (header + p) + p * longest - sum(used[k])
+                   + header + max(used2) - used2[k])
+      assert stats["payload_bits"] == 32 * payload, (exchange, k)
+      assert stats["sent_bits"] == 32 * (payload + framing), (exchange, k)

@@ -20,6 +20,13 @@ training, so the workers' steps disagree at the first exchange.
 
 `--reference_codec spec`: a nested group (`--codec` nested, fixed mode).
 `--error_feedback`: `reduce_scatter_error_feedback=True`.
+
+`--ecdq_checks`: after training, `ECDQ_STEPS` exchanges of `ecdq_gradient`
+with `EntropyCodedDitheredCodec` (variable-length payloads, issue #35)
+under each of `ECDQ_EXCHANGES`, through the strategy's own collective
+launcher (its exchange engine holds the training's codec; this process
+may hold one strategy): the results get `"ecdq"`, per exchange the
+SHA-256 of every step's sum and the telemetry of the last.
 """
 
 import argparse
@@ -35,6 +42,19 @@ INPUTS = 32
 HIDDEN = 64
 CLASSES = 2
 BATCH_PER_WORKER = 16
+#: `--ecdq_checks`: the codec's config, the seed, values per worker, steps.
+ECDQ_CONFIG = {"bits": 1.0, "bucket_size": 128}
+ECDQ_SEED = 21
+ECDQ_ELEMENTS = 1000
+ECDQ_STEPS = 2
+ECDQ_EXCHANGES = ("all_gather", "reduce_scatter")
+
+
+def ecdq_gradient(worker):
+  """Worker `worker`'s values of the ECDQ checks (scales apart by 10x)."""
+  rng = np.random.default_rng(100 + worker)
+  return (rng.standard_t(4, size=ECDQ_ELEMENTS)
+          * 10.0 ** (worker - 1)).astype(np.float32)
 
 
 def _parse():
@@ -54,6 +74,8 @@ def _parse():
                  help="The strategy's chunk_elements (default: its own).")
   p.add_argument("--error_feedback", action="store_true",
                  help="reduce_scatter_error_feedback=True.")
+  p.add_argument("--ecdq_checks", action="store_true",
+                 help="Also exchange ECDQ payloads after training.")
   p.add_argument("--reference_codec", default=None,
                  help="A nested --codec's reference codec (spec); the "
                  "first half of the workers send it (fixed mode).")
@@ -106,7 +128,9 @@ def _train(args, worker):
 
   history = model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0,
                       callbacks=[Die()])
+  ecdq = _ecdq_checks(strategy, worker) if args.ecdq_checks else None
   return {
+      "ecdq": ecdq,
       "weights": [hashlib.sha256(np.ascontiguousarray(w)).hexdigest()
                   for w in model.get_weights()],
       "shapes": [list(w.shape) for w in model.trainable_weights],
@@ -115,6 +139,46 @@ def _train(args, worker):
       "step": int(strategy.compression_step.numpy()),
       "seconds": time.time() - start,  # From the strategy to the results.
   }
+
+
+def _ecdq_checks(strategy, worker):
+  """ECDQ's exchanges over the strategy's launcher (the module's doc)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import ndq_tf  # pylint: disable=g-import-not-at-top
+  from ndq_tf.core import engine as engine_lib  # pylint: disable=g-import-not-at-top
+  from ndq_tf.core import tf_internals  # pylint: disable=g-import-not-at-top
+  from ndq_tf.core import transports  # pylint: disable=g-import-not-at-top
+
+  # pylint: disable=protected-access
+  ops = strategy.compressed_all_reduce
+  launcher, device, comm = ops._launcher, ops._exchange_device, ops._options
+  # pylint: enable=protected-access
+  num_workers = ops.num_workers
+  gather = transports.CollectiveAllGatherTransport(
+      lambda row: tf_internals.all_gather(launcher, row, comm), num_workers,
+      worker, device)
+  scatter = transports.CollectiveAllToAllTransport(
+      lambda rows: tf_internals.all_to_all(launcher, rows, comm), gather,
+      num_workers, worker, device)
+  out = {}
+  for exchange in ECDQ_EXCHANGES:
+    engine = engine_lib.ExchangeEngine(ndq_tf.distribute.CompressionOptions(
+        ndq_tf.EntropyCodedDitheredCodec(**ECDQ_CONFIG), exchange=exchange,
+        seed=ECDQ_SEED, min_elements=1), device=device)
+    with tf.device(device):
+      value = tf.constant(ecdq_gradient(worker))
+
+    def run(engine=engine, value=value):
+      (summed,) = engine.exchange(
+          {"all_gather": gather, "reduce_scatter": scatter},
+          [engine_lib.LocalSender(worker, device, [value])], "sum")
+      return summed[0]
+
+    run = tf.function(run, autograph=False)
+    sums = [hashlib.sha256(run().numpy().tobytes()).hexdigest()
+            for _ in range(ECDQ_STEPS)]
+    out[exchange] = {"sums": sums, "stats": engine.stats()}
+  return out
 
 
 def main():

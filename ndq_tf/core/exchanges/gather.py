@@ -5,10 +5,12 @@ Every receiver gets every sender's packed `int32` payload (a transport's
 `transports.DeviceCopyTransport` across devices) and decodes each in
 sender order, with side information for the nested senders
 (`fusion_codec.decode_senders`), then sums them
-(`fusion_sum.sum_senders`). Every codec, nested ones included. Cost
-(docs/scaling.md): every worker sends its payload, framed by `HEADER_WORDS`
-words and padded to the longest payload, through a ring all-gather; every
-worker decodes every sender.
+(`fusion_sum.sum_senders`). Every codec, nested ones included; a
+variable-length codec's payloads (`Codec.variable_length`) travel as the
+words they use (`fusion_codec.used_words`), which the telemetry counts.
+Cost (docs/scaling.md): every worker sends its payload, framed by
+`HEADER_WORDS` words and padded to the longest payload, through a ring
+all-gather; every worker decodes every sender.
 """
 
 import collections
@@ -40,11 +42,16 @@ class GatherExchange(base.Exchange):
     """`(P - 1)·32·(HEADER_WORDS + max_p wire_words_p)`: a ring all-gather.
 
     Rows are padded to the longest payload of the exchange (a nested
-    group's codecs differ).
+    group's codecs differ). A variable-length codec's rows are its
+    expected payload (`wire_bits`, an expectation) after a length round
+    of one more header: `(P - 1)·32·(2·HEADER_WORDS + wire_words)`, an
+    expectation too (the rows are as long as the longest sender's).
     """
     distinct = {id(c): c for c in codecs}.values()
     row_words = self.framing_words + max(
         c.wire_bits(num_elements) // 32 for c in distinct)
+    if any(getattr(c, "variable_length", False) for c in distinct):
+      row_words += self.framing_words  # The length round.
     return theory.ring_all_gather_bits(32 * row_words, num_workers)
 
   def work(self, codecs, num_elements, num_workers, shared_memory=False):
@@ -84,6 +91,9 @@ class GatherExchange(base.Exchange):
           noise = variables[0].read_value() * variables[1].read_value()
 
     local = [x.index for x in senders]
+    # Variable-length payloads (one codec for every sender: nested groups
+    # have fixed-length codes) travel as the words they use.
+    variable = any(getattr(c, "variable_length", False) for c in codecs)
     totals = collections.defaultdict(list)  # Receiver -> one sum per chunk.
     # Receiver -> its transport's checks (headers, stamps). A chunk decodes
     # as soon as its payloads arrive, not behind the previous chunk's checks
@@ -115,12 +125,26 @@ class GatherExchange(base.Exchange):
                 chunk=chunk))
 
         words = [plan.chunk_wire_words(c, chunk) for c in codecs]
+        local_wires = [(x.index, x.device, w) for x, w in zip(senders, wires)]
         with tf.name_scope("ndq_exchange"):
-          receptions = transport.exchange(
-              [(x.index, x.device, w) for x, w in zip(senders, wires)],
-              words, step, fingerprint=context.fingerprint)
-        payload_words += sum(words[i] for i in local)
-        framing_bits += transport.framing_bits(words, local)
+          if variable:
+            # Only the words each payload uses travel, and count.
+            used = []
+            for x, w in zip(senders, wires):
+              with tf.device(x.device):
+                used.append(fusion_codec.used_words(codecs[x.index], w,
+                                                    plan, chunk))
+            receptions = transport.exchange(
+                local_wires, words, step, fingerprint=context.fingerprint,
+                used=used)
+            payload_words += tf.add_n([tf.cast(u, tf.int64) for u in used])
+            framing_bits += transport.framing_bits(
+                words, local, lengths=receptions[0].lengths)
+          else:
+            receptions = transport.exchange(
+                local_wires, words, step, fingerprint=context.fingerprint)
+            payload_words += sum(words[i] for i in local)
+            framing_bits += transport.framing_bits(words, local)
         link_bits += self.bits(codecs, chunk.length, num_senders)
 
         if transport.shared_memory:

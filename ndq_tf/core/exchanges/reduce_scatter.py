@@ -15,7 +15,8 @@ buffer of `B` whole buckets (`shard_buckets`: shard `j` holds buckets
   `n` dither draws per receiver whatever `P` is.
 * Stage 2. Receiver `j` re-quantizes its reduced shard with DQSG
   (`stage2_codec`: `reduce_scatter_levels` levels, by default the codec's
-  own for a `DitheredCodec` and at least `MIN_STAGE2_LEVELS`) and a seed
+  own for a `DitheredCodec` and at least `MIN_STAGE2_LEVELS`; a
+  variable-length codec, ECDQ, re-codes it itself) and a seed
   derived from (base seed, step, `STAGE2_SENDER`) at the shard's place in
   the buffer; an all-gather hands every receiver every reduced shard and
   each decodes all of them with the same ops, so every receiver ends with
@@ -40,7 +41,9 @@ reference codec's levels.
 
 Codecs: bucketed codecs (`refusal`), the reference group's first. The
 exchange is not cut into `chunk_elements` chunks: its shards are its
-chunks.
+chunks. A variable-length codec's shard wires travel as the words they
+use, in both stages (`transports.all_to_all`, `transports.all_gather`),
+and the telemetry counts those words and the length rounds.
 """
 
 import math
@@ -103,6 +106,10 @@ MIN_STAGE2_LEVELS = 2
 
 
 def _stage2(codec, levels=None):
+  if getattr(codec, "variable_length", False):
+    # An entropy-coded codec re-codes the sums itself: with DQSG the gain
+    # would shrink as `P` grows (issue #35).
+    return codec
   own = (codec.num_levels if isinstance(codec, ndq_codecs.DitheredCodec)
          else None)
   levels = levels or max(own or 1, MIN_STAGE2_LEVELS)
@@ -119,7 +126,9 @@ def stage2_codec(options):
   `options.reduce_scatter_levels` levels; by default the first sender's
   codec's own `num_levels` when it is a `DitheredCodec` (the codec, or the
   reference codec of a nested group), and at least `MIN_STAGE2_LEVELS`.
-  A plain `DitheredCodec` with those levels is used as it is.
+  A plain `DitheredCodec` with those levels is used as it is. A
+  variable-length codec (`EntropyCodedDitheredCodec`) re-codes the sums
+  itself, at its own configuration.
   """
   return _stage2(options.reference_codec or options.codec,
                  options.reduce_scatter_levels)
@@ -161,7 +170,9 @@ def reduce_scatter_bits(codecs, num_elements, num_workers, stage2=None):
   shards) and a header; stage 2's ring all-gather sends `P - 1` rows of
   the longest reduced-shard wire `W2`. About `2(P - 1)/P·b` bits per
   element for codes of `b` bits, flat in `P` while the shards hold many
-  buckets.
+  buckets. A variable-length codec's `W1`, `W2` are expectations
+  (`wire_bits`), and each stage has a length round: stage 1's rows carry
+  `P` more words (the sender's lengths), stage 2's a header more.
 
   Args:
     codecs: one bucketed codec per worker, in sender order (or one codec).
@@ -187,6 +198,10 @@ def reduce_scatter_bits(codecs, num_elements, num_workers, stage2=None):
   distinct = {id(c): c for c in codecs}.values()
   w1 = max(_shard_words(c, m * d) for c in distinct for _, m in parts)
   w2 = max(_shard_words(stage2, m * d) for _, m in parts)
+  if getattr(codecs[0], "variable_length", False):
+    # Expectations (`wire_bits`), after each stage's length round.
+    w1 += num_workers
+    w2 += all_gather_transport.HEADER_WORDS
   return float(32 * (num_workers - 1) * (
       all_to_all.SCATTER_HEADER_WORDS + w1
       + all_gather_transport.HEADER_WORDS + w2))
@@ -309,8 +324,19 @@ class ReduceScatterExchange(base.Exchange):
                 codecs[x.index], fused[x.index][s.start:s.start + s.length],
                 seed, plan, noise_scale=scale, chunk=s)
             if s.length else _nothing() for s in parts]))
+    variable = getattr(codecs[0], "variable_length", False)
+    used = None
     with tf.name_scope("ndq_exchange"):
-      receptions = transport.scatter(rows, words, step, fingerprint=mark)
+      if variable:  # Only the words each shard wire uses travel.
+        used = []
+        for x, (_, _, wires) in zip(senders, rows):
+          with tf.device(x.device):
+            used.append([fusion_codec.used_words(codecs[x.index], w, plan, s)
+                         for w, s in zip(wires, parts)])
+        receptions = transport.scatter(rows, words, step, fingerprint=mark,
+                                       used=used)
+      else:
+        receptions = transport.scatter(rows, words, step, fingerprint=mark)
 
     reduced = []
     for r in receptions:
@@ -340,8 +366,17 @@ class ReduceScatterExchange(base.Exchange):
             second, total, context.seed(STAGE2_SENDER), plan,
             chunk=shard)))
     with tf.name_scope("ndq_exchange"):
-      gathered = transport.gather.exchange(reduced, words2, step,
-                                           fingerprint=mark)
+      if variable:
+        used2 = []
+        for j, device, wire in reduced:
+          with tf.device(device):
+            used2.append(fusion_codec.used_words(second, wire, plan,
+                                                 parts[j]))
+        gathered = transport.gather.exchange(reduced, words2, step,
+                                             fingerprint=mark, used=used2)
+      else:
+        gathered = transport.gather.exchange(reduced, words2, step,
+                                             fingerprint=mark)
 
     results = []
     for k, g in enumerate(gathered):
@@ -381,12 +416,22 @@ class ReduceScatterExchange(base.Exchange):
         if mine is not None:
           statistics[me] = mine
       context.update_nested_state(variables, senders, statistics, plan)
-    payload_words = sum(sum(words[i]) + words2[i] for i in local)
+    if variable:  # The words used, and the lengths rounds' framing.
+      payload_words = tf.add_n(
+          [tf.cast(u, tf.int64) for mine in used for u in mine]
+          + [tf.cast(u, tf.int64) for u in used2])
+      framing_bits = (
+          transport.framing_bits(words, local,
+                                 lengths=receptions[0].lengths)
+          + transport.gather.framing_bits(words2, local,
+                                          lengths=gathered[0].lengths))
+    else:
+      payload_words = sum(sum(words[i]) + words2[i] for i in local)
+      framing_bits = (transport.framing_bits(words, local)
+                      + transport.gather.framing_bits(words2, local))
     context.record(
         self.name, num_senders, plan, len(senders),
-        payload_bits=32 * payload_words,
-        framing_bits=(transport.framing_bits(words, local)
-                      + transport.gather.framing_bits(words2, local)),
+        payload_bits=32 * payload_words, framing_bits=framing_bits,
         link_bits=len(senders) * reduce_scatter_bits(
             codecs, plan.total_size, num_senders, second))
     return results

@@ -47,6 +47,12 @@ _NESTED_REFUSAL = ("nested codes are residues that only their own side "
                    "exchange='all_gather' (or 'auto')")
 
 
+_VARIABLE_LENGTH_REFUSAL = (
+    "its payloads are entropy-coded streams of varying length, not codes "
+    "in lanes, so they do not add up; use exchange='all_gather' or "
+    "'reduce_scatter' (or 'auto', which never picks 'all_reduce' for it)")
+
+
 class SumExchange(base.Exchange):
   """`exchange="all_reduce"`: shared scales, an integer sum, one decode."""
 
@@ -59,6 +65,8 @@ class SumExchange(base.Exchange):
   def refusal(self, codec, nested):
     if nested:
       return _NESTED_REFUSAL
+    if getattr(codec, "variable_length", False):
+      return _VARIABLE_LENGTH_REFUSAL
     if codec.summed_form() is None:
       return ("only the codes of DitheredCodec, HalfDitheredCodec, "
               "TernGradCodec and QSGDCodec add up (and Float16Codec, "
@@ -82,6 +90,10 @@ class SumExchange(base.Exchange):
           f"'all_reduce' (codes of different codecs do not add up). "
           f"Received: {codecs!r}.")
     form = first.summed_form()
+    if getattr(first, "variable_length", False):
+      raise ValueError(
+          f"`codec` cannot be summed by exchange='all_reduce': "
+          f"{_VARIABLE_LENGTH_REFUSAL}. Received: codec={first!r}.")
     if form is None:
       why = ("nested codes are residues that only their own side "
              "information decodes, and they do not add up; use 'all_gather'"

@@ -10,8 +10,16 @@ them in, and checked: a malformed header, senders whose steps disagree
 disagree, stop the step with an error naming them rather than decode with
 the wrong dither or codec.
 
+Variable-length payloads (`used`) take two rounds: the headers alone,
+which carry each payload's used words and are checked as above; then
+every worker pads its used words to the longest sender's, `L` (a dynamic
+length, not the static worst case), the rows of `L` words are
+all-gathered, and each receiver cuts sender `k`'s used words and pads
+them with zeros back to the static length (`base.restore`).
+
 Cost per worker and step: it receives `(P - 1)` rows of
-`HEADER_WORDS + max(words)` words.
+`HEADER_WORDS + max(words)` words; for variable-length payloads `(P - 1)`
+headers and `(P - 1)` rows of `L` words.
 """
 
 import tensorflow as tf
@@ -58,16 +66,30 @@ class CollectiveAllGatherTransport(base.Transport):
   def num_senders(self):
     return self._num_workers
 
-  def framing_bits(self, words, local_senders):
-    return 32 * sum(HEADER_WORDS + max(words) - words[k]
-                    for k in local_senders)
+  def framing_bits(self, words, local_senders, lengths=None):
+    """The header and the padding to the longest payload, per local sender.
 
-  def exchange(self, local_wires, words, step, fingerprint=0):
+    For variable-length payloads (`lengths`, every sender's used words):
+    the length round's header and the padding to the longest used length,
+    an `int64` tensor.
+    """
+    if lengths is None:
+      return 32 * sum(HEADER_WORDS + max(words) - words[k]
+                      for k in local_senders)
+    lengths = tf.cast(lengths, tf.int64)
+    longest = tf.reduce_max(lengths)
+    return 32 * tf.add_n([HEADER_WORDS + longest - lengths[k]
+                          for k in local_senders])
+
+  def exchange(self, local_wires, words, step, fingerprint=0, used=None):
     ((sender, _, wire),) = local_wires
     if sender != self._worker_id:
       raise ValueError(
           f"This worker sends as sender {self._worker_id}. Received: "
           f"{sender}.")
+    if used is not None:
+      return self._exchange_used(sender, wire, used[0], words, step,
+                                 fingerprint)
     row_words = max(words)
     with tf.device(self._device):
       header = tf.stack([
@@ -90,13 +112,44 @@ class CollectiveAllGatherTransport(base.Transport):
                              steps=rows[:, 2], local_sender=sender,
                              checks=checks)]
 
-  def _check_headers(self, rows, words):
+  def _exchange_used(self, sender, wire, used, words, step, fingerprint):
+    """The two rounds of a variable-length payload (the module's doc)."""
+    p = self._num_workers
+    with tf.device(self._device):
+      used = tf.cast(used, tf.int32)
+      header = tf.stack([
+          tf.constant(MAGIC, tf.int32), tf.constant(sender, tf.int32),
+          tf.cast(step, tf.int32), used, tf.constant(fingerprint, tf.int32)])
+      headers = tf.reshape(self._all_gather(header), [p, HEADER_WORDS])
+      # Sender order, whatever order the collective delivered; the second
+      # round's rows come in the same order (same group, same ranks).
+      order = tf.argsort(headers[:, 1], stable=True)
+      headers = tf.gather(headers, order)
+      lengths = headers[:, 3]
+      checks = self._check_headers(headers, words, variable=True)
+      # The longest used length: every worker's rows have the same shape
+      # (the check above runs beside it; a bad length fails the pad).
+      longest = tf.reduce_max(lengths)
+      row = tf.pad(wire[:used], [[0, longest - used]])
+      rows = tf.gather(tf.reshape(self._all_gather(row), [p, longest]),
+                       order)
+      wires = [base.restore(rows[k, :lengths[k]], words[k])
+               for k in range(p)]
+      return [base.Reception(device=self._device, wires=wires,
+                             steps=headers[:, 2], local_sender=sender,
+                             checks=checks, lengths=lengths)]
+
+  def _check_headers(self, rows, words, variable=False):
     magic, senders, steps, lengths, prints = (rows[:, i] for i in range(5))
+    words = tf.constant(words, tf.int32)
     well_formed = tf.reduce_all(tf.stack([
         tf.reduce_all(tf.equal(magic, MAGIC)),
         tf.reduce_all(tf.equal(
             senders, tf.range(self._num_workers, dtype=tf.int32))),
-        tf.reduce_all(tf.equal(lengths, tf.constant(words, tf.int32))),
+        # A variable-length payload uses at most its static words.
+        tf.reduce_all(tf.logical_and(tf.greater_equal(lengths, 0),
+                                     tf.less_equal(lengths, words))
+                      if variable else tf.equal(lengths, words)),
     ]))
     header_ok = tf.debugging.Assert(well_formed, [
         f"{self._who}: malformed compressed payload; every worker must run "

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 __all__ = [
     "check_worker_id",
+    "restore",
     "shares_memory",
     "Reception",
     "Reduction",
@@ -36,9 +37,12 @@ __all__ = [
 #: device (`local_sender`, None if none) and ops that must run before
 #: anything decoded from the payloads is used (`checks`; the exchange adds
 #: the dependency, so a chunk can decode before an earlier chunk's checks,
-#: which TF runs in program order, have run).
+#: which TF runs in program order, have run). For variable-length payloads
+#: (`Transport.exchange`'s `used`), `lengths` is the words every sender's
+#: payload uses, in sender order (an `int32` `[P]` tensor; None otherwise).
 Reception = collections.namedtuple(
-    "Reception", ["device", "wires", "steps", "local_sender", "checks"])
+    "Reception", ["device", "wires", "steps", "local_sender", "checks",
+                  "lengths"], defaults=(None,))
 
 
 #: What one receiver of this process got from an all-reduce: its `device`,
@@ -71,30 +75,40 @@ class Transport(abc.ABC):
     """Senders of the exchange, all processes together."""
 
   @abc.abstractmethod
-  def exchange(self, local_wires, words, step, fingerprint=0):
+  def exchange(self, local_wires, words, step, fingerprint=0, used=None):
     """Moves the local senders' payloads; returns a list of `Reception`.
 
     Args:
       local_wires: `(sender index, device, 1-D int32 payload)` of every
         sender this process encodes.
       words: the payload length (`int32` words) of every sender, in sender
-        order: the receivers cut the payloads by it.
+        order: the receivers cut the payloads by it (for variable-length
+        payloads, the longest a payload can be).
       step: the `int32` step of this exchange (a transport that frames its
         payloads stamps it on them).
       fingerprint: the exchange's `int32` fingerprint
         (`ndq_tf.core.fingerprint`); a transport whose senders live
         in other processes stamps it on the payloads and checks that every
         sender sent the same, in the `checks` of its result.
+      used: None for fixed-length payloads. For variable-length ones, the
+        words each of `local_wires`' payloads uses (`int32` scalars, in the
+        same order): a payload's words after them are zeros, which the
+        transport need not move; every receiver gets the payloads back at
+        their `words` (`restore`), and the `lengths` of every sender in
+        its `Reception`.
     """
 
-  def framing_bits(self, words, local_senders):
+  def framing_bits(self, words, local_senders, lengths=None):
     """Bits this process sends beyond its senders' payloads (headers, padding).
 
     Args:
       words: payload words of every sender.
       local_senders: indices of the senders this process encodes.
+      lengths: for variable-length payloads, the words every sender's
+        payload used (a `Reception`'s `lengths`); the payloads are then
+        counted by these, and the bits may be a tensor.
     """
-    del words, local_senders
+    del words, local_senders, lengths
     return 0
 
 
@@ -147,6 +161,16 @@ class SummingTransport(abc.ABC):
     """
     del step_checked
     return 0
+
+
+def restore(prefix, words):
+  """A variable-length payload's used `prefix`, zero-padded to `words`.
+
+  The wire the sender encoded, with its static length (the decode needs
+  it), from the words that travelled.
+  """
+  padded = tf.pad(prefix, [[0, words - tf.shape(prefix)[0]]])
+  return tf.reshape(padded, [words])
 
 
 def shares_memory(devices):

@@ -20,11 +20,11 @@ from ndq_tf.distribute import options as options_lib
 M = 3  # DitheredCodec(num_levels=3): |error| <= κ/(2·3) per sender.
 
 
-def _exchange(reduce_op, num_senders=3):
+def _exchange(reduce_op, num_senders=3, codec=None, shared_memory=True):
   devices = [d.name for d in tf.config.list_logical_devices("CPU")]
   devices = devices[:num_senders]
   engine = engine_lib.ExchangeEngine(options_lib.CompressionOptions(
-      ndq_tf.DitheredCodec(num_levels=M), exchange="all_gather",
+      codec or ndq_tf.DitheredCodec(num_levels=M), exchange="all_gather",
       min_elements=1, seed=5))
   rng = np.random.default_rng(0)
   values = [[rng.normal(size=(40, 30)).astype(np.float32),
@@ -35,9 +35,9 @@ def _exchange(reduce_op, num_senders=3):
     with tf.device(device):
       senders.append(engine_lib.LocalSender(
           r, device, [tf.constant(v) for v in values[r]]))
-  results = engine.exchange(
-      {"all_gather": transports.DeviceCopyTransport(devices)}, senders,
-      reduce_op)
+  transport = transports.DeviceCopyTransport(devices)
+  transport.shared_memory = shared_memory  # False: each receiver decodes.
+  results = engine.exchange({"all_gather": transport}, senders, reduce_op)
   return values, results, engine
 
 
@@ -63,3 +63,22 @@ def test_every_receiver_gets_the_same_bits_within_the_bound(reduce_op,
     bound = len(values) * kappa / (2 * M) / divisor
     assert np.abs(first - want).max() <= bound * (1 + 1e-5)
   assert engine.stats()["transport"] == "all_gather"
+
+
+def test_variable_length_payloads_sum_alike_and_count_the_words_used():
+  # Each receiver decoding its copies of the used words (as on GPUs) gets
+  # the bits of the one decode in shared memory.
+  codec = ndq_tf.EntropyCodedDitheredCodec(bits=1.0, bucket_size=64)
+  _, shared, engine = _exchange("sum", codec=codec)
+  values, results, engine_apart = _exchange("sum", codec=codec,
+                                            shared_memory=False)
+  for receiver in results:
+    for got, want in zip(receiver, shared[0]):
+      np.testing.assert_array_equal(got.numpy(), want.numpy())
+  stats = engine_apart.stats()
+  assert stats == engine.stats()
+  # What the payloads use: far below their static worst case.
+  padded = 40 * 30 + 128  # Every tensor starts on a bucket.
+  assert 0 < stats["payload_bits"] < 3 * codec.max_wire_bits(padded) / 4
+  assert stats["sent_bits"] == stats["payload_bits"]
+  assert len(values) == 3

@@ -47,3 +47,22 @@ def test_a_missing_payload_is_named():
     transports.DeviceCopyTransport(devices).exchange(
         [(k, devices[k], tf.zeros([1], tf.int32)) for k in (0, 1)],
         words=[1] * 3, step=0)
+
+
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_variable_length_payloads_come_back_at_their_static_length(
+    shared_memory):
+  devices = _devices(3)
+  transport = transports.DeviceCopyTransport(devices)
+  transport.shared_memory = shared_memory  # False: as on GPUs.
+  payloads = [[2, 7, 0, 0], [3, 5, 6, 0], [2, 9, 0, 0]]  # Used, then zeros.
+  wires = [(k, devices[k], tf.constant(payloads[k], tf.int32))
+           for k in (1, 2, 0)]
+  used = [tf.constant(payloads[k][0]) for k in (1, 2, 0)]
+  receptions = transport.exchange(wires, words=[4] * 3, step=0, used=used)
+  for reception in receptions:
+    assert [w.numpy().tolist() for w in reception.wires] == payloads
+    assert all(w.shape == [4] for w in reception.wires)
+    assert reception.lengths.numpy().tolist() == [2, 3, 2]
+  assert transport.framing_bits([4] * 3, [0, 1, 2],
+                                lengths=receptions[0].lengths) == 0
