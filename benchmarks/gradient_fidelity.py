@@ -1,4 +1,6 @@
-r"""How well every codec keeps real gradients, with and without rotation (#17).
+r"""How well every codec keeps real gradients, with and without rotation.
+
+Issues #17 (rotation) and #35 (entropy-coded dithered quantization, ECDQ).
 
 Three real models on real offline data, trained briefly with data-parallel
 SGD (a global batch of 128 split over 4 replicas; each replica's gradient
@@ -36,9 +38,19 @@ Grid (subsampled so the run takes minutes on 2 shared cores): DQSG
 (`num_levels=1`) at 128, 512, 2048; half-dithered (`num_levels=1`) and
 adaptive NDQSG (`coarse_ratio=3`) at 512.
 
+ECDQ (`EntropyCodedDitheredCodec`, always rotated, buckets of 512) at
+about 0.7, 1.0, 1.3 and 2.1 bits per element (`step_ratio` 4, `bits=1`,
+`step_ratio` 2 and 1) is measured by what it really sends: each payload's
+`payload_bits` (the length word, the bfloat16 `σ̂` of every bucket, the
+rANS lanes' headers and flushes, whole 32-bit words), the mean over seeds
+and replicas and the worst of them. Issue #35's must-hold checks use the
+worst: on every capture, vNMSE <= 1.45 at <= 0.75 bits, <= 0.36 at
+<= 1.35 bits and <= 0.09 at <= 2.25 bits.
+
 Writes docs/gradient_fidelity.md (tables) and docs/gradient_fidelity.png
-(vNMSE against bits, log scales, the bound and EDEN's published unbiased
-1-bit point), and prints the must-hold checks of issue #17.
+(vNMSE against bits, log scales: the unbiased bound, ECDQ's theory curve,
+EDEN's published 1-bit point and its formula at 1 and 2 bits), and prints
+the must-hold checks of issues #17 and #35.
 
 Usage:
   python benchmarks/gradient_fidelity.py [--steps=300] [--seeds=3]
@@ -69,8 +81,17 @@ NUM_REPLICAS = 4
 GLOBAL_BATCH = 128
 REPLICAS_MEASURED = (0, 1)
 BUCKETS = (64, 128, 256, 512, 1024, 2048)
-#: EDEN (Vargaftik et al., ICML 2022): unbiased 1-bit vNMSE.
+#: EDEN (Vargaftik et al., ICML 2022): unbiased 1-bit vNMSE, as published.
 EDEN_POINTS = ((1.0, 0.571),)
+#: EDEN's formula `theory.eden_vnmse` is drawn at these rates.
+EDEN_FORMULA_BITS = (1, 2)
+#: ECDQ's configurations: about 0.7, 1.0, 1.3 and 2.1 bits per element.
+ECDQ_GRID = ({"step_ratio": 4.0}, {"bits": 1.0}, {"step_ratio": 2.0},
+             {"step_ratio": 1.0})
+ECDQ_BUCKET = 512
+#: Issue #35's must-hold: `(most bits per element, most vNMSE)` on every
+#: capture, all overhead included.
+ECDQ_MUST_HOLD = ((0.75, 1.45), (1.35, 0.36), (2.25, 0.09))
 
 
 def _grid():
@@ -282,6 +303,49 @@ def _measure(tf, ndq_tf, captures, num_seeds):
   return rows
 
 
+def _ecdq_theory_bits(step_ratio):
+  """`H(Q|U)` of a Gaussian plus `σ̂`'s 16 bits per bucket, per element."""
+  from ndq_tf import theory  # pylint: disable=g-import-not-at-top
+  return theory.ecdq_conditional_rate(step_ratio) + 16 / ECDQ_BUCKET
+
+
+def _measure_ecdq(ndq_tf, captures, num_seeds):
+  """ECDQ rows: one per (model, capture, configuration), measured lengths."""
+  from ndq_tf import theory  # pylint: disable=g-import-not-at-top
+  rows = []
+  for (model, when), grads in captures.items():
+    n = grads.shape[1]
+    for kwargs in ECDQ_GRID:
+      codec = ndq_tf.EntropyCodedDitheredCodec(**kwargs,
+                                               bucket_size=ECDQ_BUCKET)
+      errs, energies, bits = [], [], []
+      for r in REPLICAS_MEASURED:
+        g = grads[r]
+        energy = float(np.sum(g.astype(np.float64)**2))
+        for s in range(num_seeds):
+          seed = np.array([s, 1000 + r], np.int32)
+          payload = codec.encode(g, seed)
+          decoded = codec.decode(payload, seed).numpy()
+          errs.append(float(np.sum((decoded.astype(np.float64) - g)**2)))
+          energies.append(energy)
+          bits.append(int(codec.payload_bits(payload)) / n)
+      mean_bits = float(np.mean(bits))
+      rows.append({
+          "model": model, "when": when, "family": "ecdq",
+          "kwargs": kwargs, "rotation": codec.rotation,
+          "bucket_size": codec.bucket_size, "num_levels": None,
+          "n": n, "bits": mean_bits, "max_bits": float(np.max(bits)),
+          "vnmse": float(np.sum(errs) / np.sum(energies)),
+          "bound": theory.rate_distortion_vnmse(mean_bits),
+          "entropy_bits": None,
+          "step_ratio": codec.step_ratio,
+          "theory_bits": _ecdq_theory_bits(codec.step_ratio),
+          "theory_vnmse": theory.ecdq_vnmse(codec.step_ratio),
+      })
+    print(f"measured ECDQ {model}/{when}", flush=True)
+  return rows
+
+
 # -- Report -------------------------------------------------------------------
 
 
@@ -307,6 +371,8 @@ def _checks(rows):
   lines = []
   by = collections.defaultdict(dict)
   for row in rows:
+    if row["family"] == "ecdq":
+      continue
     by[(row["model"], row["when"])][(
         row["family"], tuple(sorted(row["kwargs"].items())),
         row["rotation"])] = row
@@ -330,46 +396,106 @@ def _checks(rows):
   return ok_ternary, ok_levels, lines
 
 
+def _ecdq_checks(rows):
+  """Issue #35's must-hold: `(all met, table lines)`.
+
+  For every capture and every `(most bits, most vNMSE)` of
+  `ECDQ_MUST_HOLD`: the ECDQ configuration of least vNMSE among those whose
+  every payload (seeds, replicas) is at most that many bits per element.
+  """
+  by = collections.defaultdict(list)
+  for row in rows:
+    if row["family"] == "ecdq":
+      by[(row["model"], row["when"])].append(row)
+  ok = True
+  lines = []
+  for (model, when), group in by.items():
+    cells = []
+    for max_bits, max_vnmse in ECDQ_MUST_HOLD:
+      fits = [r for r in group if r["max_bits"] <= max_bits]
+      if not fits:
+        ok = False
+        cells.append(f"none at ≤ {max_bits} bits | **missed**")
+        continue
+      best = min(fits, key=lambda r: r["vnmse"])
+      met = best["vnmse"] <= max_vnmse
+      ok &= met
+      cells.append(f"{best['vnmse']:.4f} @ {best['max_bits']:.4f} "
+                   f"({_ecdq_label(best)}) | {'met' if met else '**missed**'}")
+    lines.append(f"| {model} | {when} | " + " | ".join(cells) + " |")
+  return ok, lines
+
+
+def _ecdq_label(row):
+  return ", ".join(f"{k}={v}" for k, v in row["kwargs"].items())
+
+
 def _plot(rows, path):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from ndq_tf import theory  # pylint: disable=g-import-not-at-top
   models = sorted({r["model"] for r in rows})
-  fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.4),
+  fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 5.2),
                            sharey=True)
   colors = {"dqsg": "C0", "terngrad": "C1", "qsgd": "C2",
-            "half_dithered": "C3", "ndqsg": "C4"}
+            "half_dithered": "C3", "ndqsg": "C4", "ecdq": "C5"}
+  ratios = np.geomspace(0.3, 6.0, 120)
+  ecdq_bits = [_ecdq_theory_bits(r) for r in ratios]
+  ecdq_vnmse = [theory.ecdq_vnmse(r) for r in ratios]
   for ax, model in zip(axes, models):
     groups = _aggregate([r for r in rows if r["model"] == model])
     for (_, family, kwargs, rotation), group in groups.items():
       bits = np.mean([r["bits"] for r in group])
       vnmse = np.mean([r["vnmse"] for r in group])
-      ax.scatter(bits, vnmse, color=colors[family],
-                 marker="o" if rotation else "x", s=22)
-    r_axis = np.linspace(0.9, 6, 200)
-    ax.plot(r_axis, 1 / (4**r_axis - 1), "k-", lw=1,
-            label="unbiased bound 1/(4^R-1)")
+      if family == "ecdq":
+        ax.scatter(bits, vnmse, color=colors[family], marker="D", s=34,
+                   edgecolors="k", linewidths=0.6, zorder=3)
+      else:
+        ax.scatter(bits, vnmse, color=colors[family],
+                   marker="o" if rotation else "x", s=22)
+    r_axis = np.linspace(0.4, 4.5, 200)
+    ax.plot(r_axis, [theory.rate_distortion_vnmse(r) for r in r_axis], "k-",
+            lw=1, label="unbiased bound 1/(4^R-1)")
+    ax.plot(ecdq_bits, ecdq_vnmse, "--", color=colors["ecdq"], lw=1.2,
+            label="ECDQ theory (Gaussian): r²/12 at H(Q|U) + 16/512 "
+            "(bf16 σ per bucket)")
     for b, v in EDEN_POINTS:
       ax.scatter(b, v, color="k", marker="*", s=90, label="EDEN (published)")
+    ax.scatter(EDEN_FORMULA_BITS,
+               [theory.eden_vnmse(b) for b in EDEN_FORMULA_BITS],
+               facecolors="none", edgecolors="k", marker="P", s=70,
+               label="EDEN D/(1-D), Lloyd-Max D")
     for family, color in colors.items():
-      ax.scatter([], [], color=color, marker="s", label=family)
+      ax.scatter([], [], color=color, marker="D" if family == "ecdq" else "s",
+                 label="ecdq (measured, rotated)" if family == "ecdq"
+                 else family)
     ax.scatter([], [], color="gray", marker="x", label="rotation off")
     ax.scatter([], [], color="gray", marker="o", label="rotation on")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("wire bits per element")
+    ticks = (0.5, 0.7, 1, 1.5, 2, 3, 4)
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.set_xticks([], minor=True)
+    ax.set_xlim(0.45, 4.5)
+    ax.set_ylim(bottom=2e-2)
+    ax.set_xlabel("wire bits per element (ECDQ: measured payloads)")
     ax.set_title(model)
     ax.grid(True, which="both", alpha=0.3)
   axes[0].set_ylabel("vNMSE  E|ĝ-g|²/|g|²  (mean of 3 captures)")
-  axes[-1].legend(fontsize=7, loc="upper right")
-  fig.tight_layout()
+  handles, labels = axes[0].get_legend_handles_labels()
+  fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=5)
+  fig.tight_layout(rect=(0, 0.13, 1, 1))
   fig.savefig(path, dpi=110)
 
 
 def _markdown(rows, seconds, steps, num_seeds):
+  """`(page, #17's two checks, #35's check)`."""
+  from ndq_tf import theory  # pylint: disable=g-import-not-at-top
   ok_t, ok_l, check_lines = _checks(rows)
+  ok_e, ecdq_lines = _ecdq_checks(rows)
   out = [
-      "# Codec fidelity on real gradients (issue #17)",
+      "# Codec fidelity on real gradients (issues #17, #35)",
       "",
       f"`python benchmarks/gradient_fidelity.py --steps={steps} "
       f"--seeds={num_seeds}` ({seconds / 60:.1f} min on this 2-core "
@@ -379,7 +505,10 @@ def _markdown(rows, seconds, steps, num_seeds):
       f"into one vector; {num_seeds} codec seeds each. vNMSE = "
       f"E‖ĝ − g‖²/‖g‖²; bound = 1/(4^R − 1) at the wire rate R; "
       f"entropy = the codes' empirical entropy plus the scales' bits, per "
-      f"element. The grid is subsampled (see the script's docstring).",
+      f"element. The grid is subsampled (see the script's docstring). "
+      f"ECDQ's bits are its payloads' real lengths (`payload_bits`: "
+      f"the length word, σ̂'s 16 bits per bucket, the rANS lanes' headers "
+      f"and flushes, whole 32-bit words).",
       "",
       "![vNMSE against bits](gradient_fidelity.png)",
       "",
@@ -396,7 +525,47 @@ def _markdown(rows, seconds, steps, num_seeds):
       f"unrotated `num_levels=3` at fewer bits on every capture: "
       f"**{'met' if ok_l else 'not met'}**.",
       "",
+      "## Must hold of issue #35: ECDQ, all overhead included",
+      "",
+      "For each capture and each rate limit: the ECDQ configuration of "
+      "least vNMSE among those whose every payload (seeds and replicas) "
+      "fits the limit; `vNMSE @ bits` gives the worst payload's bits per "
+      "element.",
+      "",
+      "| model | capture | vNMSE @ bits, ≤ 0.75 bits | ≤ 1.45 | "
+      "vNMSE @ bits, ≤ 1.35 bits | ≤ 0.36 | vNMSE @ bits, ≤ 2.25 bits | "
+      "≤ 0.09 |",
+      "|---|---|---:|---|---:|---|---:|---|",
+  ] + ecdq_lines + [
+      "",
+      f"ECDQ vNMSE ≤ 1.45 at ≤ 0.75 bits, ≤ 0.36 at ≤ 1.35 bits and "
+      f"≤ 0.09 at ≤ 2.25 bits on every capture: "
+      f"**{'met' if ok_e else 'not met'}**.",
+      "",
+      "## ECDQ on every capture",
+      "",
+      "`EntropyCodedDitheredCodec(..., bucket_size=512)` (rotated, 32 "
+      "dither bins, 15-bit model). Theory for a Gaussian bucket: vNMSE "
+      "`r²/12` at `H(Q|U)` + 16/512 bits (`theory.ecdq_vnmse`, "
+      "`theory.ecdq_conditional_rate`), without the lanes' headers and "
+      "the length word. For comparison, EDEN `D/(1 − D)` "
+      f"(`theory.eden_vnmse`): {theory.eden_vnmse(1):.4f} at 1 bit "
+      f"(published: {EDEN_POINTS[0][1]}), {theory.eden_vnmse(2):.4f} at "
+      "2 bits.",
+      "",
+      "| model | capture | codec | step ratio | bits/elem (mean) | "
+      "bits/elem (worst) | vNMSE | theory bits | theory vNMSE | "
+      "bound at R |",
+      "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
   ]
+  for r in rows:
+    if r["family"] == "ecdq":
+      out.append(
+          f"| {r['model']} | {r['when']} | ecdq ({_ecdq_label(r)}) | "
+          f"{r['step_ratio']:.4g} | {r['bits']:.4f} | {r['max_bits']:.4f} | "
+          f"{r['vnmse']:.4f} | {r['theory_bits']:.4f} | "
+          f"{r['theory_vnmse']:.4f} | {r['bound']:.4f} |")
+  out.append("")
   nested = [r for r in rows if r["family"] == "ndqsg"]
   if nested:
     out += [
@@ -424,15 +593,16 @@ def _markdown(rows, seconds, steps, num_seeds):
           "|---|---|---:|---|---:|---:|---:|---:|---:|"]
   for (model, _, _, rotation), group in _aggregate(rows).items():
     first = group[0]
+    entropy = ("—" if first["entropy_bits"] is None else
+               f"{np.mean([r['entropy_bits'] for r in group]):.3f}")
     out.append(
         f"| {model} | {_label(first)} | {first['bucket_size']} | "
         f"{rotation or 'off'} | {np.mean([r['bits'] for r in group]):.3f} | "
         f"{np.mean([r['vnmse'] for r in group]):.4f} | "
         f"{max(r['vnmse'] for r in group):.4f} | "
-        f"{np.mean([r['bound'] for r in group]):.4f} | "
-        f"{np.mean([r['entropy_bits'] for r in group]):.3f} |")
+        f"{np.mean([r['bound'] for r in group]):.4f} | {entropy} |")
   out.append("")
-  return "\n".join(out), ok_t, ok_l
+  return "\n".join(out), ok_t, ok_l, ok_e
 
 
 def main(argv):
@@ -450,14 +620,16 @@ def main(argv):
     print(f"captured {name}: {grads.shape[1]} parameters, "
           f"{time.time() - start:.0f} s", flush=True)
   rows = _measure(tf, ndq_tf, captures, FLAGS.seeds)
+  rows += _measure_ecdq(ndq_tf, captures, FLAGS.seeds)
   seconds = time.time() - start
-  text, ok_t, ok_l = _markdown(rows, seconds, FLAGS.steps, FLAGS.seeds)
+  text, ok_t, ok_l, ok_e = _markdown(rows, seconds, FLAGS.steps,
+                                     FLAGS.seeds)
   with open(FLAGS.out_md, "w") as f:
     f.write(text)
   _plot(rows, FLAGS.out_png)
   print(text.split("## Adaptive")[0])
   print(f"ternary must-hold: {ok_t}; num_levels=2 must-hold: {ok_l}; "
-        f"{seconds:.0f} s")
+        f"ECDQ must-hold (#35): {ok_e}; {seconds:.0f} s")
 
 
 if __name__ == "__main__":
