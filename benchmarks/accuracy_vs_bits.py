@@ -38,6 +38,11 @@ the pace of its smoke runs (`STEP_SECONDS`), up to 4 when another job
 shares the cores; the script prints its own estimate first and a new one
 after every run.
 
+The entropy-coded rows (`ndq_tf.EntropyCodedDitheredCodec`, issue #35:
+`ecdq07`, `ecdq10`, `ecdq13`, `ecdq20`, rate targets of 0.7 to 2 bits
+per element) are not in the default `--rows` either; the report names the
+lowest of their rates at least as accurate as unrotated ternary DQSG.
+
 The low-rank rows (`ndq_tf.PowerSGD`, issue #34: `psgd1`, `psgd4` with
 float32 factors, `psgd1_dq`, `psgd4_dq` with DQSG M=3 factors, ternary DQSG
 for the vectors and the warm-up) are not in the default `--rows`: name
@@ -154,6 +159,11 @@ def _psgd(name, rank, factor_codec, label, warm_up=0.0, fallback="dqsg"):
                        ("fallback_codec", fallback)), warm_up=warm_up)
 
 
+def _ecdq(name, bits):
+  return Row(name, f"ECDQ {bits:g} bits",
+             f"ecdq:bits={bits:g},bucket_size=512", default=False)
+
+
 _NESTED = (("reference_codec", "dqsg:num_levels=3,bucket_size=512"),
            ("reference_replicas", 2), ("adaptive", True))
 
@@ -191,6 +201,13 @@ ROWS = (
     # warm-up): float32 there.
     _psgd("psgd4_fp32", 4, "float32", ", float32 fallback",
           fallback="float32"),
+    # Entropy-coded dithered quantization (#35), named by --rows: rotated
+    # buckets of 512, the rate targets of `bits=` (the measured bits add
+    # the scales and the coder's headers).
+    _ecdq("ecdq07", 0.7),
+    _ecdq("ecdq10", 1.0),
+    _ecdq("ecdq13", 1.3),
+    _ecdq("ecdq20", 2.0),
 )
 _BY_NAME = {r.name: r for r in ROWS}
 #: What the grid runs without --rows.

@@ -24,6 +24,10 @@ TRANSPORT = {
     "dqsg_rs": "reduce_scatter",
     "auto": "auto",
     "ndqsg": "all_gather",
+    # Entropy-coded dithered quantization (#35): variable-length payloads,
+    # all-gathered or reduce-scattered (the integer all-reduce refuses it).
+    "ecdq_ag": "all_gather",
+    "ecdq_rs": "reduce_scatter",
     # ndq_tf.PowerSGD: its factors are sums, so all-reduced (as PyTorch's).
     "psgd1": "all_reduce",
     "psgd4": "all_reduce",
@@ -165,6 +169,8 @@ def _strategy(args):
     if "reference_group" not in inspect.signature(
         ndq_tf.MultiWorkerMirroredStrategy).parameters:  # Before #33.
       kwargs["reference_workers"] = kwargs.pop("reference_group")
+  elif method.startswith("ecdq"):
+    codec = f"ecdq:bits={args.ecdq_bits:g}"
   else:
     codec = dqsg
   transport = TRANSPORT[method]

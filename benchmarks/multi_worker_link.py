@@ -29,6 +29,10 @@ about 5M parameters by default) for `--warmup` + `--steps` steps:
 * `ndqsg` (not in the default list): `NestedDitheredCodec(num_levels=3,
   coarse_ratio=3)` on workers 1 to P-1 and that DQSG on worker 0,
   all-gathered.
+* `ecdq_ag`, `ecdq_rs` (not in the default list):
+  `codec="ecdq:bits=B"` (`B = --ecdq_bits`, default 1), entropy-coded
+  dithered quantization (issue #35), all-gathered or reduce-scattered:
+  variable-length payloads after a round that announces their lengths;
 * `psgd1`, `psgd4` (not in the default list): `ndq_tf.PowerSGD` of rank 1
   or 4 with float32 factors and float32 for the vectors (PyTorch
   PowerSGD's configuration, to compare bytes with `torch_psgd1`/`4`),
@@ -156,6 +160,7 @@ def _launch_command(args, method, num_workers, net):
             "--warmup", str(args.warmup), "--batch_size", str(args.batch_size),
             "--threads", str(args.threads), "--timeout", str(args.timeout),
             "--dqsg_levels", str(args.dqsg_levels),
+            "--ecdq_bits", str(args.ecdq_bits),
             "--layers", *map(str, args.layers)]
   if net is None:
     cmd += ["--num_workers", str(num_workers)]
@@ -561,6 +566,9 @@ def main():
   p.add_argument("--dqsg_levels", type=int, default=1,
                  help="DitheredCodec num_levels M (2M+1 symbols) of the "
                       "dqsg methods and of ndqsg's reference worker.")
+  p.add_argument("--ecdq_bits", type=float, default=1.0,
+                 help="EntropyCodedDitheredCodec's rate target (bits=) of "
+                      "the ecdq methods.")
   p.add_argument("--threads", type=int, default=1,
                  help="TF intra/inter-op threads per worker (the workers "
                       "share the machine).")

@@ -191,3 +191,30 @@ def test_rotation_verdict_needs_a_gain_beyond_the_spread():
   assert not accuracy_report.rotation_verdict(
       "chars", [base, plain, rotated(-0.004, 0.002)])["better"]
   assert accuracy_report.rotation_verdict("vision", [base, plain]) is None
+
+
+def test_ecdq_rows_are_named_and_the_report_finds_the_lowest_match():
+  rows = {r.name: r for r in accuracy_vs_bits.ROWS}
+  ecdq = ["ecdq07", "ecdq10", "ecdq13", "ecdq20"]
+  assert not set(ecdq) & set(accuracy_vs_bits.DEFAULT_ROWS)
+  assert rows["ecdq07"].codec == "ecdq:bits=0.7,bucket_size=512"
+
+  def row(name, codec, paired, bits):
+    return {"name": name, "label": name, "codec": codec,
+            "paired": (paired, 0.001), "bits": bits}
+  summary = [row("dqsg1", "dqsg:num_levels=1", -0.010, 1.67),
+             row("ecdq13", "ecdq:bits=1.3", -0.004, 1.34),
+             row("ecdq07", "ecdq:bits=0.7", -0.020, 0.73),
+             row("ecdq10", "ecdq:bits=1", -0.009, 1.04)]
+  text = accuracy_report.ecdq_match("vision", summary, "accuracy")
+  assert "ecdq10, -0.9 ± 0.1 points at 1.04 bits" in text
+  assert "MISSED" in text  # 1.04 bits > 1.
+  # Bits per character: lower is better, so a match's difference is at
+  # most ternary's.
+  summary = [row("dqsg1", "dqsg:num_levels=1", 0.05, 1.9),
+             row("ecdq07", "ecdq:bits=0.7", 0.08, 0.75),
+             row("ecdq10", "ecdq:bits=1", 0.04, 0.98)]
+  text = accuracy_report.ecdq_match("chars", summary, "bits/char")
+  assert "ecdq10" in text and "met" in text
+  summary[2]["paired"] = (0.06, 0.01)
+  assert "none of" in accuracy_report.ecdq_match("chars", summary, "bpc")
