@@ -36,16 +36,18 @@ __all__ = ["split_cpu", "load_digits", "digits_mlp", "sync_bn_mlp",
            "median_seconds"]
 
 
-def median_seconds(fn, repeats):
+def median_seconds(fn, repeats, warm_up=True):
   """Median wall and CPU seconds of `fn()` over `repeats` calls.
 
-  One call first, untimed, to trace, compile and warm up. CPU seconds are
-  those of every thread of this process (`time.process_time`).
+  With `warm_up`, one call first, untimed, to trace, compile and warm up.
+  CPU seconds are those of every thread of this process
+  (`time.process_time`).
 
   Returns:
     `(wall, cpu)`, Python floats.
   """
-  fn()
+  if warm_up:
+    fn()
   wall, cpu = [], []
   for _ in range(repeats):
     start, start_cpu = time.perf_counter(), time.process_time()

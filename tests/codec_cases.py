@@ -1,9 +1,15 @@
 """The codecs and helpers shared by the codec tests (codecs/test_base.py,
-test_nested.py, test_dithered.py, test_bucketed.py, test_registry.py).
+test_nested.py, test_dithered.py, test_bucketed.py, test_registry.py,
+test_entropy_coded.py).
 
 Every codec is configured once, here, and the tests reuse a few tensor
 sizes: a codec compiles its encoder and decoder with XLA once per (size,
 compute dtype), and those compilations dominate the run time.
+
+Most codecs send fixed-length payloads: `32 * (words + scales)` is their
+`wire_bits(n)`. A `variable_length` codec (ECDQ) pads its words to the
+worst case, `max_wire_bits(n)`, uses `payload_bits(payload)` of them, and
+sends no float scales (its `σ̂` travel in the words).
 """
 
 import math
@@ -12,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import ndq_tf
+from ndq_tf.ops import rotation_ops
 
 # name -> codec. Bucket sizes are small so that a 1001-element tensor spans
 # many buckets, and neither 1001 nor the bucket sizes are multiples of the
@@ -34,10 +41,13 @@ CODECS = {
                                            alpha=0.75, bucket_size=64),
     "qsgd": ndq_tf.QSGDCodec(num_levels=2, bucket_size=64),
     "terngrad": ndq_tf.TernGradCodec(bucket_size=64),
+    "ecdq": ndq_tf.EntropyCodedDitheredCodec(bits=1.0, bucket_size=64),
 }
 # Codecs whose encoder draws random numbers.
 SEEDED = [name for name, c in CODECS.items() if c.needs_encode_seed]
 BUCKETED = [name for name, c in CODECS.items() if c.bucket_size is not None]
+# Bucketed codecs that send a float32 scale per bucket (all but ECDQ).
+SCALED = [name for name in BUCKETED if CODECS[name].num_scales(1)]
 
 SEED = tf.constant([12, 34], tf.int32)
 OTHER_SEED = tf.constant([12, 35], tf.int32)
@@ -91,10 +101,41 @@ def bits_of(t):
   return t.numpy()
 
 
+def ecdq_sigmas(codec, payload, n):
+  """The `σ̂` of every bucket of an ECDQ payload (float64).
+
+  Words 1 to `ceil(B/2)`, two bfloat16 per word (the first in the low half).
+  """
+  b = -(-n // codec.bucket_size)
+  words = payload.words.numpy()[1:1 + -(-b // 2)].view(np.uint32)
+  halves = np.stack([words & 0xFFFF, words >> 16], axis=1).reshape(-1)[:b]
+  return (halves.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def static_wire_bits(codec, n):
+  """The bits of a payload's tensors, `32 * (words + scales)`.
+
+  `wire_bits(n)` for a fixed-length codec; for a variable-length one its
+  worst case, `max_wire_bits(n)` (`wire_bits` is then an expectation).
+  """
+  if codec.variable_length:
+    return codec.max_wire_bits(n)
+  return codec.wire_bits(n)
+
+
 def per_element_scale(codec, payload, n):
-  """Each element's bucket scale as float64 (all 1 for unbucketed codecs)."""
+  """Each element's bucket scale as float64 (all 1 for unbucketed codecs).
+
+  ECDQ's is `√d·σ̂/c`, at least the bucket's L2 norm (`σ̂ ≥` the rotated
+  bucket's RMS, and the rotation is `c` times orthonormal), so at least
+  every `|x|` of the bucket.
+  """
   if codec.bucket_size is None:
     return np.ones(n)
+  if isinstance(codec, ndq_tf.EntropyCodedDitheredCodec):
+    d = codec.bucket_size
+    norm = math.sqrt(d) / rotation_ops.domain_gain(d)
+    return np.repeat(norm * ecdq_sigmas(codec, payload, n), d)[:n]
   return np.repeat(payload.scales.numpy().astype(np.float64),
                    codec.bucket_size)[:n]
 
@@ -124,4 +165,8 @@ def error_bound(codec, x, y, payload):
     return kappa / codec.num_levels  # one level of the L2 norm
   if isinstance(codec, ndq_tf.TernGradCodec):
     return kappa
+  if isinstance(codec, ndq_tf.EntropyCodedDitheredCodec):
+    # Rotated errors |e_j| <= Δ/2 = r·σ̂/2; unrotated, an element's is
+    # |Σ_j R_ji e_j|/c <= √d·(Δ/2)/c = kappa·r/2 (R orthonormal).
+    return kappa * codec.step_ratio / 2
   raise AssertionError(f"no bound for {codec}")

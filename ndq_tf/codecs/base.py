@@ -468,7 +468,8 @@ class Codec:
     """Inverse of `to_wire`, given the static shape and dtype of the tensor.
 
     Args:
-      wire: 1-D `int32` tensor of `wire_bits(n) / 32` elements.
+      wire: 1-D `int32` tensor of `num_words(n) + num_scales(n)` elements
+        (`wire_bits(n) / 32`, unless the codec is `variable_length`).
       shape: the encoded tensor's static shape.
       dtype: the encoded tensor's dtype.
 

@@ -37,6 +37,7 @@ from codec_cases import (
     encode_decode,
     bits_of,
     per_element_scale,
+    static_wire_bits,
     error_bound)
 import ndq_tf
 from ndq_tf.codecs import base
@@ -65,7 +66,7 @@ class DeterminismTest(tf.test.TestCase, parameterized.TestCase):
     # The scales do not depend on the seed.
     self.assertAllEqual(p1.scales, p2.scales)
 
-  @parameterized.parameters("dqsg_ternary", "dqsg_m4", "ndqsg_k3")
+  @parameterized.parameters("dqsg_ternary", "dqsg_m4", "ndqsg_k3", "ecdq")
   def test_decoding_with_another_seed_gives_another_result(self, name):
     codec = CODECS[name]
     x = make_signal(N)
@@ -90,7 +91,7 @@ class DeterminismTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllEqual(bits_of(codec.decode(payload)), bits_of(encode_decode(
         codec, x)[1]))
 
-  @parameterized.parameters("dqsg_ternary", "ndqsg_k3", "half_order2")
+  @parameterized.parameters("dqsg_ternary", "ndqsg_k3", "half_order2", "ecdq")
   def test_seed_value_not_its_dtype_selects_the_dither(self, name):
     # A sender with an int64 seed (e.g. derived from an int64 step counter)
     # and a receiver passing the same values as a Python list (int32) must
@@ -199,8 +200,10 @@ class ShapeAndDtypeTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(x_hat.shape, shape)
     self.assertEqual(x_hat.dtype, tf.float32)
     self.assertEqual(payload.shape, shape)
-    self.assertEqual(32 * (payload.words.shape[0] + payload.scales.shape[0]),
-                     codec.wire_bits(n))
+    real_bits = 32 * (payload.words.shape[0] + payload.scales.shape[0])
+    self.assertEqual(real_bits, static_wire_bits(codec, n))
+    if codec.variable_length:
+      self.assertBetween(int(codec.payload_bits(payload)), 0, real_bits)
     err = np.abs(tf.reshape(x_hat - x, [-1]).numpy())
     bound = error_bound(codec, x, y, payload)
     kappa = per_element_scale(codec, payload, n)
@@ -230,8 +233,10 @@ class ShapeAndDtypeTest(tf.test.TestCase, parameterized.TestCase):
   def test_scalar_is_its_own_bucket(self, name):
     codec = CODECS[name]
     payload = codec.encode(tf.constant(-2.5), SEED)
-    self.assertEqual(payload.scales.shape, [1])
-    self.assertAllEqual(payload.scales, [2.5])
+    self.assertEqual(payload.scales.shape, [codec.num_scales(1)])
+    # The one bucket's scale: a float32 scale on the wire, or ECDQ's σ̂ in
+    # the words (the bucket's L2 norm, 2.5, back from σ̂ = 2.5·c/√d).
+    self.assertAllEqual(per_element_scale(codec, payload, 1), [2.5])
 
 
 class SpecialValuesTest(tf.test.TestCase, parameterized.TestCase):
@@ -353,7 +358,7 @@ class ValidationTest(tf.test.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "`seed`"):
       CODECS[name].encode(make_signal(N))
 
-  @parameterized.parameters("dqsg_ternary", "dqsg_m4", "ndqsg_k3")
+  @parameterized.parameters("dqsg_ternary", "dqsg_m4", "ndqsg_k3", "ecdq")
   def test_missing_decode_seed_raises_value_error(self, name):
     codec = CODECS[name]
     x = make_signal(N)
@@ -422,10 +427,16 @@ class WireFormatTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(payload.words.shape.rank, 1)
     self.assertEqual(payload.scales.shape.rank, 1)
     real_bits = 32 * (payload.words.shape[0] + payload.scales.shape[0])
-    self.assertEqual(codec.wire_bits(n), real_bits)
+    self.assertEqual(static_wire_bits(codec, n), real_bits)
     self.assertEqual(
         real_bits, 32 * (codec.num_words(n) + codec.num_scales(n)))
     self.assertEqual(codec.to_wire(payload).shape, [real_bits // 32])
+    if codec.variable_length:
+      used = int(codec.payload_words(payload))
+      self.assertEqual(32 * used, int(codec.payload_bits(payload)))
+      self.assertBetween(used, 0, payload.words.shape[0])
+      self.assertAllEqual(payload.words[used:],
+                          np.zeros(payload.words.shape[0] - used))
 
   @parameterized.parameters(*codec_params(CODECS))
   def test_wire_bits_equals_bits_of_traced_payloads_of_many_sizes(self, name):
@@ -438,15 +449,26 @@ class WireFormatTest(tf.test.TestCase, parameterized.TestCase):
       payload = encode.get_concrete_function(
           tf.TensorSpec([n], tf.float32)).structured_outputs
       self.assertEqual(
-          codec.wire_bits(n),
+          static_wire_bits(codec, n),
           32 * (payload.words.shape[0] + payload.scales.shape[0]), msg=n)
 
   @parameterized.parameters(*codec_params(CODECS))
   def test_wire_bits_formula(self, name):
     # Codes: ceil(n / D) words, D codes of the alphabet per word; one float32
-    # scale per bucket. Float codecs: 32 or 16 bits per value.
+    # scale per bucket. Float codecs: 32 or 16 bits per value. A
+    # variable-length codec: an expectation of whole words, at most the
+    # padded payload, growing with n.
     codec = CODECS[name]
+    previous = 0
     for n in list(range(0, 70)) + [511, 512, 513, 1000, 10**6, 2**24 + 3]:
+      if codec.variable_length:
+        bits = codec.wire_bits(n)
+        self.assertEqual(bits % 32, 0, msg=n)
+        self.assertBetween(bits, previous, codec.max_wire_bits(n), msg=n)
+        self.assertEqual(codec.max_wire_bits(n),
+                         32 * (codec.num_words(n) + codec.num_scales(n)))
+        previous = bits
+        continue
       if isinstance(codec, ndq_tf.Float32Codec):
         expected = 32 * n
       elif isinstance(codec, (ndq_tf.Float16Codec, ndq_tf.BFloat16Codec)):
@@ -475,13 +497,23 @@ class WireFormatTest(tf.test.TestCase, parameterized.TestCase):
     payload = codec.encode(x, SEED)
     wire = codec.to_wire(payload)
     self.assertEqual(wire.dtype, tf.int32)
-    self.assertEqual(wire.shape, [codec.wire_bits(N) // 32])
+    self.assertEqual(wire.shape, [static_wire_bits(codec, N) // 32])
     revived = codec.from_wire(wire, [7, 11, 13], tf.float32)
     self.assertIsInstance(revived, ndq_tf.Payload)
     self.assertAllEqual(revived.words, payload.words)
     self.assertAllEqual(bits_of(revived.scales), bits_of(payload.scales))
+    decoded = bits_of(decode_with(codec, payload, SEED, y))
     self.assertAllEqual(bits_of(decode_with(codec, revived, SEED, y)),
-                        bits_of(decode_with(codec, payload, SEED, y)))
+                        decoded)
+    if codec.variable_length:
+      # Only the used words matter: a receiver may pad a trimmed payload
+      # with anything.
+      used = int(codec.payload_words(payload))
+      garbage = np.full(wire.shape[0] - used, 0x5A5A5A5A, np.int32)
+      trimmed = tf.concat([wire[:used], garbage], 0)
+      revived = codec.from_wire(trimmed, [7, 11, 13], tf.float32)
+      self.assertAllEqual(bits_of(decode_with(codec, revived, SEED, y)),
+                          decoded)
 
   def test_to_wire_keeps_nan_scales(self):
     codec = CODECS["dqsg_ternary"]
@@ -621,7 +653,7 @@ class ConfigTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIsInstance(codec.decoder_needs_seed, bool)
     self.assertFalse(hasattr(codec, "needs_seed"))
     self.assertEqual(codec.decoder_needs_seed,
-                     name.startswith(("dqsg", "ndqsg")))
+                     name.startswith(("dqsg", "ndqsg", "ecdq")))
 
 
 if __name__ == "__main__":

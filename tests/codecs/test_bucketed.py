@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from codec_cases import CODECS, BUCKETED
+from codec_cases import CODECS, SCALED
 import ndq_tf
 from ndq_tf import codecs
 from ndq_tf import ops
@@ -312,7 +312,7 @@ def test_summing_methods_need_a_shared_rotation_seed():
 class BaseClassTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_bucketed_codecs_share_the_public_base_class(self):
-    for name in BUCKETED:
+    for name in SCALED:
       self.assertIsInstance(CODECS[name], codecs.BucketedCodec, msg=name)
     for name in ("float32", "float16", "bfloat16"):
       self.assertNotIsInstance(CODECS[name], codecs.BucketedCodec, msg=name)

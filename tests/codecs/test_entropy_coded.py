@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from codec_cases import ecdq_sigmas
 import ndq_tf
 from ndq_tf import theory
 from ndq_tf.codecs import entropy_coded
@@ -25,14 +26,6 @@ SEED = tf.constant([5, 35], tf.int32)
 def _gaussian(n, seed=0, scale=1.0):
   rng = np.random.default_rng(seed)
   return tf.constant(scale * rng.standard_normal(n), tf.float32)
-
-
-def _sigmas(codec, payload, n):
-  """The `σ̂` of every bucket, read off the payload (float64)."""
-  b = -(-n // codec.bucket_size)
-  words = payload.words.numpy()[1:1 + -(-b // 2)].view(np.uint32)
-  halves = np.stack([words & 0xFFFF, words >> 16], axis=1).reshape(-1)[:b]
-  return (halves.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
 def test_error_is_unbiased_with_variance_step_squared_over_12():
@@ -49,7 +42,7 @@ def test_error_is_unbiased_with_variance_step_squared_over_12():
   payload = codec.encode(x, SEED)
   err = (codec.decode(payload, SEED) - x).numpy().astype(np.float64)
   c2 = rotation_ops.domain_gain(256)**2
-  step = codec.step_ratio * _sigmas(codec, payload, n)
+  step = codec.step_ratio * ecdq_sigmas(codec, payload, n)
   want = np.repeat(step**2 / 12 / c2, 256)
   rel = (err**2).sum() / want.sum() - 1
   # Buckets differ in Δ: the sum's standard deviation from each term's.
