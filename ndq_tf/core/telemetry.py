@@ -27,7 +27,9 @@ Keys (all of the last compressed exchange):
   For `"all_reduce"`, the payload is what a sender puts into the sum: its
   lanes of codes and its scales (plus the step stamps as framing).
 * `payload_bits`: the codec payloads alone, all local senders (measured,
-  like `sent_bits`).
+  like `sent_bits`); of a variable-length codec (`EntropyCodedDitheredCodec`),
+  the words its payloads use, and `sent_bits` adds the length rounds and
+  the padding to the longest payload.
 * `model_link_bits`: what the local senders' links carry for this exchange
   by the cost model, not measured (`ndq_tf.core.cost_model.exchange_bits`: `(P - 1)` framed rows
   for `"all_gather"`, `2(P - 1)/P` payloads for `"all_reduce"`, `(P - 1)`

@@ -39,7 +39,8 @@ __all__ = [
 #: the dependency, so a chunk can decode before an earlier chunk's checks,
 #: which TF runs in program order, have run). For variable-length payloads
 #: (`Transport.exchange`'s `used`), `lengths` is the words every sender's
-#: payload uses, in sender order (an `int32` `[P]` tensor; None otherwise).
+#: payload uses, in sender order (an `int32` `[P]` tensor; `[P, P]`, sender
+#: and shard, from a reduce-scatter's `scatter`; None otherwise).
 Reception = collections.namedtuple(
     "Reception", ["device", "wires", "steps", "local_sender", "checks",
                   "lengths"], defaults=(None,))
