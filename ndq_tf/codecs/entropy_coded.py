@@ -65,11 +65,13 @@ class EntropyCodedDitheredCodec(bucketed.RotatedBuckets, base.Codec):
   length `num_words(n)`, a worst case, and the first word holds how many
   are used (`payload_words`); the rest are zeros. `wire_bits(n)` is the
   expected length for Gaussian buckets, documented as such
-  (`variable_length` is True). The all-gather exchange of
-  `ndq_tf.MirroredStrategy` and `ndq_tf.MultiWorkerMirroredStrategy` sends
-  each payload's used words only, and its telemetry counts them; the
-  integer all-reduce cannot sum these codes, and PowerSGD's factors and a
-  nested group's reference codes stay fixed-length.
+  (`variable_length` is True). The all-gather and the reduce-scatter
+  exchanges of `ndq_tf.MirroredStrategy` and
+  `ndq_tf.MultiWorkerMirroredStrategy` send each payload's used words only
+  (across workers after a round that announces the lengths), and their
+  telemetry counts them; the integer all-reduce cannot sum these codes,
+  and PowerSGD's factors and a nested group's reference codes stay
+  fixed-length.
 
   Example:
 
