@@ -47,6 +47,7 @@ __all__ = [
     "all_gather",
     "all_to_all",
     "check_versions",
+    "collective_server_serves",
     "cross_device_ops_of",
     "extra_ordering_tokens",
     "get_devices_from",
@@ -444,6 +445,40 @@ def extra_ordering_tokens(launcher, count):
 def multi_worker_available():
   """Whether `multi_worker()` would succeed."""
   return _MULTI_WORKER is not None
+
+
+# -- A second MultiWorkerMirroredStrategy in one process ---------------------
+#
+# TF's collective strategy starts the process's collective server in its
+# constructor (`context.enable_collective_ops`) and, when one already runs,
+# restarts its collective runtime: the collectives a peer worker has already
+# begun, with a strategy it built a moment earlier, are lost. Stock TF then
+# fails with "Delete called on non-empty BufRendezvous", or hangs. The ndq_tf
+# strategy keeps a running server of the same cluster and task
+# (`_std_server_started`, the instance attribute TF's
+# `_initialize_multi_worker` reads), as one strategy per process would.
+
+
+def collective_server_serves(cluster_resolver):
+  """Whether this process's collective server already serves this task.
+
+  True when `context.enable_collective_ops` has run with the cluster, task
+  and protocol of `cluster_resolver`, so that another strategy of this
+  cluster can use the running server instead of restarting it.
+
+  Args:
+    cluster_resolver: the strategy's `ClusterResolver`.
+  """
+  from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top
+  # pylint: disable-next=protected-access
+  server_def = getattr(context.context(), "_collective_ops_server_def", None)
+  if server_def is None:
+    return False
+  cluster = cluster_resolver.cluster_spec().as_cluster_def()
+  return (server_def.cluster == cluster and
+          server_def.job_name == cluster_resolver.task_type and
+          server_def.task_index == cluster_resolver.task_id and
+          server_def.protocol == (cluster_resolver.rpc_layer or "grpc"))
 
 
 # -- steps_per_execution: collective instance keys inside an outer loop ------

@@ -282,6 +282,11 @@ class _CompressedCollectiveExtended(gradient_detection.LabellingExtendedMixin,
     self._install_compressed_ops()
 
   def _initialize_multi_worker(self, cluster_resolver):
+    if tf_internals.collective_server_serves(cluster_resolver):
+      # Another strategy of this process started the server: restarting
+      # it would break the collectives a peer has already begun with its
+      # own new strategy (tf_internals.collective_server_serves).
+      self._std_server_started = True
     if self._cluster_timeout is None:
       super()._initialize_multi_worker(cluster_resolver)
     else:

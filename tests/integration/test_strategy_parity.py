@@ -9,7 +9,10 @@ The checks live in `tests/multi_worker_scripts/parity_worker.py`
   processes on 127.0.0.1, ONE job for the whole file (started through
   `ndq_tf/launch.py` as a script, bounded by its `--timeout` and the
   subprocess timeout); it starts before the MirroredStrategy half runs, so
-  the two overlap. Each worker prints one `PARITY {json}` line.
+  the two overlap. Each worker prints one `PARITY {json}` line. The workers
+  build several strategies in one process, and worker 0 builds one of them
+  seconds after worker 1 (`LAG_SECONDS`): later strategies must reuse the
+  running collective server, or the job fails or hangs.
 
 Every test below takes `transport` and the list of results of every process
 of that transport (one for MirroredStrategy, one per worker), and asserts the

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 # Tensors with fewer elements travel losslessly. The MLP's first kernel
 # (64 x 32 = 2048 elements) is compressed; its other weights are not.
@@ -36,6 +37,10 @@ VOCAB, EMBED, TOKENS = 500, 16, 8
 BATCH = 16  # Per replica.
 STEPS = 3
 SEED = 7
+# A worker that builds a strategy seconds after its peer: worker 0 waits this
+# long before the multi-worker job's strategy of this index (the spec-string
+# codec's is 1, the config dict's 2).
+LAGGED_STRATEGY, LAG_SECONDS = 2, 2.0
 
 
 
@@ -351,11 +356,20 @@ def main():
   args = p.parse_args()
   import ndq_tf  # pylint: disable=g-import-not-at-top
 
+  made = []  # The task ids of the strategies built so far.
+
   def make_strategy(codec, reference_group=None, **kwargs):
     if reference_group is not None:
       kwargs["reference_group"] = reference_group
-    return ndq_tf.MultiWorkerMirroredStrategy(codec=codec, cluster_timeout=60,
-                                              **kwargs)
+    if len(made) == LAGGED_STRATEGY and made[0] == 0:
+      # Worker 1 builds this strategy first and starts its agreement check
+      # before worker 0 builds its own: worker 0 must not restart the
+      # collective server under it (tf_internals.collective_server_serves).
+      time.sleep(LAG_SECONDS)
+    strategy = ndq_tf.MultiWorkerMirroredStrategy(
+        codec=codec, cluster_timeout=60, **kwargs)
+    made.append(strategy.cluster_resolver.task_id)
+    return strategy
 
   # The first strategy forms the cluster; later ones reuse it.
   worker = make_strategy("dqsg").cluster_resolver.task_id
