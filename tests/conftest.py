@@ -26,6 +26,7 @@ manager), which pytest would collect as a test of every TestCase subclass;
 methods that test classes inherit from TensorFlow are deselected.
 """
 
+import json
 import os
 import pathlib
 import re
@@ -212,3 +213,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     write("CPU: %.1f s in the test processes, %.1f s in their child "
           "processes" % tuple(sum(c[i] for c in _cpu.values())
                               for i in range(2)))
+  report = os.environ.get("NDQ_TIME_REPORT")
+  if report:
+    # Every test's wall seconds and CPU seconds (own, child processes), for
+    # finding where the suite's time goes: NDQ_TIME_REPORT=<file.json>.
+    with open(report, "w") as f:
+      json.dump({n: {"seconds": d, "cpu": _cpu.get(n, (0.0, 0.0))}
+                 for n, d in _durations.items()}, f, indent=0)
+    write("time report: %s" % report)
