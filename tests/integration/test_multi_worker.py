@@ -1,11 +1,21 @@
 """Tests of `ndq_tf.distribute.multi_worker` with real worker processes.
 
-Every multi-worker test starts two workers on 127.0.0.1 and free ports through
-`ndq_tf/launch.py` (run as a script, so the launcher itself does not import
-TF), bounded by the launcher's `--timeout` and, behind it, the subprocess
-timeout. The workers run `tests/multi_worker_scripts/mw_worker.py`, a tiny MLP
-whose only compressed tensor is its 64x32 kernel, and write their results
-(telemetry from `strategy.compression_stats()`) to `worker<i>.npz`.
+Every multi-worker job has two workers on 127.0.0.1 and free ports, started
+through `ndq_tf/launch.py` (run as a script, so the launcher itself does not
+import TF), bounded by the launcher's `--timeout` and, behind it, the
+subprocess timeout. The workers run `tests/multi_worker_scripts/mw_worker.py`,
+a tiny MLP whose only compressed tensor is its 64x32 kernel, and write their
+results (telemetry from `strategy.compression_stats()`) to `worker<i>.npz`.
+
+The runs that succeed share ONE job, started once for the file in the
+background (`shared`, through `multi_worker_job.MultiWorkerJob`): each worker
+process runs every run of `SCENARIOS` one after the other, each with its own
+strategy, model and results directory, and each test reads its run's
+results. The jobs expected to fail stay jobs of their own: workers at
+different steps, and the killed worker of the backup test (then resumed in a
+job of its own, against the shared job's uninterrupted run), as do the
+bad-`TF_CONFIG` and missing-worker processes and the example (run as users
+run it).
 
 The dither's base seed is `[seed, engine.SEED_TAG]` since the exchange engine
 is shared with MirroredStrategy (#10); nothing here hard-codes bits of the
@@ -23,6 +33,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import multi_worker_job
 from ndq_tf.core.transports import all_gather
 from ndq_tf.distribute import multi_worker
 from ndq_tf.distribute import options as options_lib
@@ -36,6 +47,26 @@ JOB_TIMEOUT = 90  # seconds, for the launcher; the subprocess gets 30 more.
 # What travels losslessly beside the compressed 64x32 kernel: the biases and
 # the 32x10 kernel (below mw_worker.MIN_ELEMENTS), float32.
 LOSSLESS_ELEMENTS = 32 + 32 * 10 + 10
+# A nested group in the automatic mode, 2 epochs of 16 steps, backed up every
+# epoch: the interrupted and the uninterrupted run of the backup test. Keras
+# 3.15's BackupAndRestore resumes at the start of the epoch it saved (it
+# ignores the batch), so it saves every epoch; 16 steps are one pass over the
+# data, so a restarted epoch sees the batches it saw.
+RESUME = ("--mode", "fit", "--steps", "16", "--epochs", "2", "--save_freq",
+          "epoch", "--nested", "--adaptive")
+# The runs of the shared job, in the order every worker runs them (the
+# uninterrupted run of the backup test, `straight`, is added by `shared`).
+SCENARIOS = {
+    "fit": ["--mode", "fit", "--steps", "20"],
+    "powersgd": ["--mode", "fit", "--steps", "8", "--powersgd", "2"],
+    "ctl_tf_function": ["--mode", "ctl", "--steps", "10",
+                        "--chunk_elements", "512"],
+    "ctl_eager": ["--mode", "ctl", "--steps", "4", "--eager"],
+    "nested_fixed": ["--mode", "ctl", "--steps", "10", "--nested"],
+    "nested_adaptive": ["--mode", "ctl", "--steps", "10", "--nested",
+                        "--adaptive"],
+}
+SHARED_TIMEOUT = 400  # seconds, for the launcher of the shared job.
 
 
 def _env():
@@ -70,6 +101,26 @@ def _assert_bitwise_identical(results):
   for other in results[1:]:
     for a, b in zip(first, _weights(other)):
       np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+  """`shared(name)`: every worker's results of the shared job's run `name`."""
+  out_dir = tmp_path_factory.mktemp("mw_shared")
+  scenarios = dict(SCENARIOS, straight=[
+      *RESUME, "--backup_dir", str(out_dir / "straight_backup")])
+  job = multi_worker_job.MultiWorkerJob(
+      WORKER, ["--out_dir", str(out_dir), "--scenarios",
+               json.dumps(scenarios)], out_dir, "MW",
+      timeout=SHARED_TIMEOUT, name="shared")
+
+  def results(name):
+    # Every worker ran every run (or `results()` fails the test).
+    assert job.results() == [list(scenarios)] * 2
+    return _results(str(out_dir / name))
+
+  yield results
+  job.stop()
 
 
 def test_strategy_is_a_multi_worker_mirrored_strategy():
@@ -278,11 +329,8 @@ def test_one_ordering_chain_off_a_cpu():
       "/job:worker/replica:0/task:0/device:GPU:0") == 1
 
 
-def test_fit_two_workers_bitwise_identical_and_wire_bits(tmp_path):
-  out = str(tmp_path / "out")
-  code, output = _run_job("--mode", "fit", "--steps", "20", "--out_dir", out)
-  assert code == 0, output
-  results = _results(out)
+def test_fit_two_workers_bitwise_identical_and_wire_bits(shared):
+  results = shared("fit")
   _assert_bitwise_identical(results)
   for r in results:
     # One compressed exchange per step, from step 0.
@@ -302,13 +350,9 @@ def test_fit_two_workers_bitwise_identical_and_wire_bits(tmp_path):
     assert compressed_bits * 8 < 32 * int(r["compressed_elements"])
 
 
-def test_powersgd_two_workers_bitwise_identical(tmp_path):
+def test_powersgd_two_workers_bitwise_identical(shared):
   """model.fit with PowerSGD: 3 warm-up steps, then rank 2 with DQSG factors."""
-  out = str(tmp_path / "out")
-  code, output = _run_job("--mode", "fit", "--steps", "8", "--powersgd", "2",
-                          "--out_dir", out)
-  assert code == 0, output
-  results = _results(out)
+  results = shared("powersgd")
   _assert_bitwise_identical(results)
   for r in results:
     assert int(r["step_after"]) == 8
@@ -320,17 +364,13 @@ def test_powersgd_two_workers_bitwise_identical(tmp_path):
       results[1]["residual_norm"])
 
 
-@pytest.mark.parametrize("eager, steps", [(False, 10), (True, 4)],
+@pytest.mark.parametrize("scenario", ["ctl_tf_function", "ctl_eager"],
                          ids=["tf_function", "eager"])
-def test_custom_training_loop_two_workers(tmp_path, eager, steps):
-  """The `tf.function` job exchanges in 4 chunks on three ordering chains."""
-  out = str(tmp_path / "out")
-  chunks = [] if eager else ["--chunk_elements", "512"]
-  code, output = _run_job("--mode", "ctl", "--steps", str(steps),
-                          "--out_dir", out, *(["--eager"] if eager else []),
-                          *chunks)
-  assert code == 0, output
-  results = _results(out)
+def test_custom_training_loop_two_workers(shared, scenario):
+  """The `tf.function` run exchanges in 4 chunks on three ordering chains."""
+  args = SCENARIOS[scenario]
+  steps = int(args[args.index("--steps") + 1])
+  results = shared(scenario)
   _assert_bitwise_identical(results)
   for r in results:
     assert int(r["ordering_chains"]) == multi_worker.EXCHANGES_IN_FLIGHT
@@ -343,13 +383,8 @@ def test_custom_training_loop_two_workers(tmp_path, eager, steps):
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_nested_group_two_workers_bitwise_identical(tmp_path, adaptive):
-  out = str(tmp_path / "out")
-  code, output = _run_job("--mode", "ctl", "--steps", "10", "--nested",
-                          "--out_dir", out,
-                          *(["--adaptive"] if adaptive else []))
-  assert code == 0, output
-  results = _results(out)
+def test_nested_group_two_workers_bitwise_identical(shared, adaptive):
+  results = shared("nested_adaptive" if adaptive else "nested_fixed")
   _assert_bitwise_identical(results)
   for r in results:
     assert int(r["step_after"]) == 10
@@ -399,45 +434,24 @@ def test_workers_with_different_steps_fail_naming_both_steps(tmp_path):
   assert "[sent step] [0] [but worker] [1] [sent step] [5]" in output, output
 
 
-def test_killed_worker_resumes_exactly_with_backup_and_restore(tmp_path):
+def test_killed_worker_resumes_exactly_with_backup_and_restore(tmp_path,
+                                                               shared):
   """A nested group in the automatic mode: the state to restore is the
   step counter, as for DQSG, and the nested worker's noise scales.
 
   DQSG alone (the step counter only) is a subset of this case; its three
-  jobs were dropped for time (issue #31).
+  jobs were dropped for time (issue #31). The uninterrupted run is the
+  shared job's `straight` (`RESUME` too, its own backup directory).
   """
-  codec = ("--nested", "--adaptive")
-  # Keras 3.15's BackupAndRestore resumes at the start of the epoch it
-  # saved (it ignores the batch), so it saves every epoch; 16 steps are one
-  # pass over the data, so a restarted epoch sees the batches it saw.
   out, backup = str(tmp_path / "out"), str(tmp_path / "backup")
-  common = ("--mode", "fit", "--steps", "16", "--epochs", "2",
-            "--save_freq", "epoch", *codec)
-  # The uninterrupted run, beside the interrupted one.
-  straight_out = str(tmp_path / "straight")
-  with open(tmp_path / "straight.log", "w+") as log:
-    straight = subprocess.Popen(
-        [sys.executable, LAUNCH, "--num_workers", "2", "--timeout",
-         str(JOB_TIMEOUT), "--grace", "2", "--", sys.executable, WORKER,
-         *common, "--backup_dir", str(tmp_path / "straight_backup"),
-         "--out_dir", straight_out], env=_env(), cwd=ROOT, stdout=log,
-        stderr=subprocess.STDOUT, text=True)
-    common += ("--backup_dir", backup, "--out_dir", out)
-    try:
-      code, output = _run_job(*common, "--die_at_step", "20")
-      assert code == 3, output  # The dying worker's; the other was stopped.
-      assert "worker 1 dies at step 20" in output
-      assert not os.path.exists(os.path.join(out, "worker0.npz"))
+  common = (*RESUME, "--backup_dir", backup, "--out_dir", out)
+  code, output = _run_job(*common, "--die_at_step", "20")
+  assert code == 3, output  # The dying worker's; the other was stopped.
+  assert "worker 1 dies at step 20" in output
+  assert not os.path.exists(os.path.join(out, "worker0.npz"))
 
-      code, output = _run_job(*common)
-      assert code == 0, output
-      code = straight.wait(timeout=JOB_TIMEOUT + 30)
-      log.seek(0)
-      assert code == 0, log.read()
-    finally:
-      if straight.poll() is None:
-        straight.kill()
-        straight.wait()
+  code, output = _run_job(*common)
+  assert code == 0, output
   results = _results(out)
   _assert_bitwise_identical(results)
   for r in results:
@@ -445,8 +459,9 @@ def test_killed_worker_resumes_exactly_with_backup_and_restore(tmp_path):
     # there instead of restarting at 0.
     assert int(r["step_before"]) == 16
     assert int(r["step_after"]) == int(r["iterations"]) == 32
-  # Exact resume: the weights of the run that never stopped.
-  _assert_bitwise_identical([results[0], _results(straight_out)[0]])
+  # Exact resume: the weights of the run that never stopped (after other
+  # runs in its worker processes).
+  _assert_bitwise_identical([results[0], shared("straight")[0]])
 
 
 # bad_tf_config.py's cases: the entry the error must name, and the value

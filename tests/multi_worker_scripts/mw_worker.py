@@ -9,6 +9,13 @@ Modes: `fit` (model.fit, optionally with BackupAndRestore and a worker that
 dies at a given global step) and `ctl` (a custom training loop with
 `strategy.run`). `--step_offset` shifts one worker's compression step to
 provoke the step-mismatch error.
+
+`--scenarios '{"name": [args...], ...}'` (JSON) runs several such runs one
+after the other in this process, in the given order (the same on every
+worker), each with its own strategy, model and optimizer, from
+`keras.utils.set_random_seed`, into `<out_dir>/<name>/worker<i>.npz`; then
+the worker prints one line `MW {"worker": i, "results": [names...]}` (for
+tests/multi_worker_job.py).
 """
 
 import argparse
@@ -26,7 +33,7 @@ INPUTS, HIDDEN, CLASSES = 64, 32, 10
 GLOBAL_BATCH = 32
 
 
-def _parse():
+def _parser():
   p = argparse.ArgumentParser(description=__doc__)
   p.add_argument("--mode", choices=["fit", "ctl"], default="fit",
                  help="model.fit or a custom training loop.")
@@ -58,7 +65,10 @@ def _parse():
                       "from step 3.")
   p.add_argument("--chunk_elements", type=int, default=None,
                  help="The strategy's chunk_elements (default: its own).")
-  return p.parse_args()
+  p.add_argument("--scenarios", type=json.loads, default=None,
+                 help="JSON {name: [arguments]}: runs each, in order, into "
+                      "<out_dir>/<name> (the other arguments are ignored).")
+  return p
 
 
 def _data(worker):
@@ -70,7 +80,26 @@ def _data(worker):
 
 
 def main():
-  args = _parse()
+  parser = _parser()
+  args = parser.parse_args()
+  if args.scenarios is None:
+    _run(args)
+    return 0
+  worker = None
+  for name, scenario in args.scenarios.items():
+    print(f"scenario {name}", flush=True)
+    worker = _run(parser.parse_args(
+        list(scenario) + ["--out_dir", os.path.join(args.out_dir, name)]))
+  print("MW " + json.dumps({"worker": worker,
+                            "results": list(args.scenarios)}), flush=True)
+  return 0
+
+
+def _run(args):
+  """One run: its strategy, model and training; returns the worker's index.
+
+  Writes the results to `<args.out_dir>/worker<i>.npz`.
+  """
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import ndq_tf  # pylint: disable=g-import-not-at-top
@@ -246,7 +275,7 @@ def main():
       "worker": worker,
       "step_after": int(strategy.compression_step.numpy()),
       "sent_bits": stats["sent_bits"]}), flush=True)
-  return 0
+  return worker
 
 
 if __name__ == "__main__":
