@@ -8,19 +8,21 @@ a Keras optimizer makes in `apply`, under `model.fit` or `apply_gradients`)
 is compressed, and so are the all-reduces built inside
 `ndq_tf.distribute.compressed()` (not inside `uncompressed()`).
 
-Three 2-worker jobs on 127.0.0.1 (one device per worker), started together
-in the background once for the file (`multi_worker_job.MultiWorkerJob`,
-through `ndq_tf/launch.py`), each with ONE strategy per worker process
-(tests/multi_worker_scripts/gradient_only_worker.py says why):
+ONE 2-worker job on 127.0.0.1 (one device per worker), started in the
+background once for the file (`multi_worker_job.MultiWorkerJob`, through
+`ndq_tf/launch.py`); each worker process builds three strategies in turn
+and runs the checks of each under it
+(tests/multi_worker_scripts/gradient_only_worker.py):
 
 * `ndq1`: `DitheredCodec(num_levels=1)`, every check;
 * `ndq3`: `DitheredCodec(num_levels=3)`, the BatchNormalization check;
-* `tf`: TensorFlow's own `tf.distribute.MultiWorkerMirroredStrategy`, the
-  control. Keras 3.15's `model.fit` / `model.evaluate` fail under it with
-  two workers (keras-team/keras#20585), so its training step and its
-  evaluation are custom loops doing what `fit` and `evaluate` do; the
-  BatchNormalization statistics are also checked against float64 numpy, and
-  `strategy.reduce` against numpy's float32 sums.
+* `tf`: TensorFlow's own `tf.distribute.MultiWorkerMirroredStrategy` (built
+  first, its collective keys apart from ndq_tf's), the control. Keras
+  3.15's `model.fit` / `model.evaluate` fail under it with two workers
+  (keras-team/keras#20585), so its training step and its evaluation are
+  custom loops doing what `fit` and `evaluate` do; the BatchNormalization
+  statistics are also checked against float64 numpy, and `strategy.reduce`
+  against numpy's float32 sums.
 """
 
 import importlib.util
@@ -34,10 +36,10 @@ import multi_worker_job
 
 WORKER = os.path.join(multi_worker_job.ROOT, "tests", "multi_worker_scripts",
                       "gradient_only_worker.py")
-# Seconds for each launcher (the subprocess gets 30 more). About 45 s on a
-# quiet machine; 150 s timed out with 16 other TF processes on the 2 cores.
-JOB_TIMEOUT = 400
-STRATEGIES = ("ndq1", "ndq3", "tf")
+# Seconds for the launcher (the subprocess gets 30 more). Each strategy's
+# checks took about 45 s on a quiet machine in a job of their own; 150 s
+# timed out with 16 other TF processes on the 2 cores.
+JOB_TIMEOUT = 500
 MARKER = "GRADIENT_ONLY"
 
 
@@ -51,31 +53,31 @@ def _load_worker():
 
 worker = _load_worker()
 NUM_WORKERS = worker.NUM_WORKERS
+STRATEGIES = worker.STRATEGIES
 
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-  """The three jobs, started at once; `jobs[name].results()` waits for one."""
-  started = {}
+  """The job, started once; `jobs.results()` waits for it."""
+  job = multi_worker_job.MultiWorkerJob(
+      WORKER, ["--strategies", ",".join(STRATEGIES)],
+      tmp_path_factory.mktemp("gradient_only"), MARKER,
+      num_workers=NUM_WORKERS, timeout=JOB_TIMEOUT, name="gradient_only")
   try:
-    for name in STRATEGIES:
-      started[name] = multi_worker_job.MultiWorkerJob(
-          WORKER, ["--strategy", name],
-          tmp_path_factory.mktemp(f"gradient_only_{name}"), MARKER,
-          num_workers=NUM_WORKERS, timeout=JOB_TIMEOUT, name=name)
-    yield started
+    yield job
   finally:
-    for job in started.values():
-      job.stop()
+    job.stop()
 
 
 def _check(jobs, strategy, check):
-  """Every worker's result of `check` in the job of `strategy`."""
+  """Every worker's result of `check` under `strategy`."""
   out = []
-  for i, results in enumerate(jobs[strategy].results()):
+  for i, by_strategy in enumerate(jobs.results()):
+    results = by_strategy.get(strategy, {})
     if check not in results:
       pytest.fail(f"{strategy}, worker {i}: no result for {check!r}; an "
-                  f"earlier check failed: {sorted(results)}")
+                  f"earlier check failed: {sorted(results)}, strategies "
+                  f"{sorted(by_strategy)}")
     result = results[check]
     if "error" in result:
       pytest.fail(f"{strategy}, worker {i}, {check}: {result['error']}\n"

@@ -155,7 +155,8 @@ def test_legacy_tf_keras_fit_compresses_in_a_fresh_process():
   lines = [line for line in out.stdout.splitlines()
            if line.startswith(routes.MARKER + " ")]
   assert out.returncode == 0 and lines, out.stdout[-5000:] + out.stderr[-5000:]
-  result = json.loads(lines[0].split(" ", 1)[1])["results"]["legacy"]
+  result = json.loads(lines[0].split(" ", 1)[1])["results"][transport][
+      "legacy"]
   assert "error" not in result, result
   _check_compressed(result, reference, transport)
   # The same model from the same seed trains to the same bits as tf_keras

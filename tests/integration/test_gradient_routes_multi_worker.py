@@ -1,10 +1,9 @@
 """Every gradient route under `ndq_tf.MultiWorkerMirroredStrategy` (#19).
 
-The multi-worker half of tests/integration/test_gradient_routes.py: two jobs
-of 2 workers on 127.0.0.1 (one CPU device each), one per transport, started
-together once for the file (`multi_worker_job.MultiWorkerJob` through
-`ndq_tf/launch.py`). Each worker process holds ONE strategy
-(tests/integration/test_all_reduce_multi_worker.py says why) and runs every
+The multi-worker half of tests/integration/test_gradient_routes.py: ONE job
+of 2 workers on 127.0.0.1 (one CPU device each), started once for the file
+(`multi_worker_job.MultiWorkerJob` through `ndq_tf/launch.py`). Each worker
+process builds one strategy per transport in turn and under each runs every
 route of tests/multi_worker_scripts/gradient_routes_worker.py in order, with
 `TF_USE_LEGACY_KERAS=1`: `tf.keras` is then tf_keras (the `legacy`
 route), `import tf_keras` the same Keras (the `tf_keras` route), and
@@ -22,8 +21,8 @@ pytest.importorskip("tf_keras")
 WORKER = os.path.join(multi_worker_job.ROOT, "tests", "multi_worker_scripts",
                       "gradient_routes_worker.py")
 TRANSPORTS = ("all_gather", "all_reduce")
-# Seconds for each launcher (the subprocess gets 30 more).
-JOB_TIMEOUT = 400
+# Seconds for the launcher (the subprocess gets 30 more).
+JOB_TIMEOUT = 500
 ROUTES = ("keras3", "tf_keras", "legacy", "low_level", "reduce_to",
           "all_reduce", "all_reduce_compressed", "tf_keras_skip")
 
@@ -50,27 +49,25 @@ class _LegacyJob(multi_worker_job.MultiWorkerJob):
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-  started = {}
+  job = _LegacyJob(
+      WORKER, ["--strategy", "multi_worker", "--transport",
+               ",".join(TRANSPORTS), "--routes", ",".join(ROUTES)],
+      tmp_path_factory.mktemp("gradient_routes"), routes.MARKER,
+      num_workers=2, timeout=JOB_TIMEOUT, name="gradient_routes")
   try:
-    for transport in TRANSPORTS:
-      started[transport] = _LegacyJob(
-          WORKER, ["--strategy", "multi_worker", "--transport", transport,
-                   "--routes", ",".join(ROUTES)],
-          tmp_path_factory.mktemp(f"gradient_routes_{transport}"),
-          routes.MARKER, num_workers=2, timeout=JOB_TIMEOUT,
-          name=f"gradient_routes_{transport}")
-    yield started
+    yield job
   finally:
-    for job in started.values():
-      job.stop()
+    job.stop()
 
 
 def _results(jobs, transport, route):
   out = []
-  for i, results in enumerate(jobs[transport].results()):
+  for i, by_transport in enumerate(jobs.results()):
+    results = by_transport.get(transport, {})
     if route not in results:
       pytest.fail(f"{transport}, worker {i}: no result for {route!r}; an "
-                  f"earlier route failed: {sorted(results)}")
+                  f"earlier route failed: {sorted(results)}, transports "
+                  f"{sorted(by_transport)}")
     result = results[route]
     if "error" in result:
       pytest.fail(f"{transport}, worker {i}, {route}: {result['error']}\n"

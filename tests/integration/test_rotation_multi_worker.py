@@ -1,18 +1,17 @@
 """The rotated codecs' exchange on real worker processes (issue #17).
 
-Two 2-worker jobs on 127.0.0.1 (one device each), started together once for
-the file (`multi_worker_job.MultiWorkerJob`, through `ndq_tf/launch.py`),
-one per transport, ONE strategy per worker process
-(tests/multi_worker_scripts/gradient_only_worker.py says why). Every
-worker runs tests/multi_worker_scripts/rotation_worker.py: 6 compressed
-all-reduces of its fixed gradient with rotated DQSG (`num_levels=2`,
-`bucket_size=128`). Checked: the workers' sums are bit for bit the same;
-under the integer all-reduce they are the public codec API's sum with the
-signs shared (`engine.ROTATION_SENDER`'s seed); the estimate is unbiased
-and its error energy is the theory's, within six standard errors. A third
-job (`--nested`): a nested group with a rotated adaptive NDQSG sender; the
-workers' sums are bit for bit the same and the nested worker counts its
-overloads over whole rotated buckets.
+ONE 2-worker job on 127.0.0.1 (one device each), started once for the file
+(`multi_worker_job.MultiWorkerJob`, through `ndq_tf/launch.py`). Every
+worker runs tests/multi_worker_scripts/rotation_worker.py, which takes the
+scenarios in turn, each under a strategy of its own. One per transport:
+6 compressed all-reduces of its fixed gradient with rotated DQSG
+(`num_levels=2`, `bucket_size=128`). Checked: the workers' sums are bit for
+bit the same; under the integer all-reduce they are the public codec API's
+sum with the signs shared (`engine.ROTATION_SENDER`'s seed); the estimate
+is unbiased and its error energy is the theory's, within six standard
+errors. The third (`nested`, 4 all-reduces): a nested group with a rotated
+adaptive NDQSG sender; the workers' sums are bit for bit the same and the
+nested worker counts its overloads over whole rotated buckets.
 """
 
 import importlib.util
@@ -49,22 +48,20 @@ worker = _load_worker()
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-  started = {}
+def job(tmp_path_factory):
+  started = multi_worker_job.MultiWorkerJob(
+      WORKER, ["--scenarios", ",".join(worker.SCENARIOS)],
+      tmp_path_factory.mktemp("rotation"), MARKER, num_workers=NUM_WORKERS,
+      timeout=JOB_TIMEOUT, name="rotation")
   try:
-    for transport in TRANSPORTS:
-      started[transport] = multi_worker_job.MultiWorkerJob(
-          WORKER, ["--transport", transport],
-          tmp_path_factory.mktemp(f"rotation_{transport}"), MARKER,
-          num_workers=NUM_WORKERS, timeout=JOB_TIMEOUT, name=transport)
-    started["nested"] = multi_worker_job.MultiWorkerJob(
-        WORKER, ["--nested", "--transport", "all_gather", "--steps", "4"],
-        tmp_path_factory.mktemp("rotation_nested"), MARKER,
-        num_workers=NUM_WORKERS, timeout=JOB_TIMEOUT, name="nested")
     yield started
   finally:
-    for job in started.values():
-      job.stop()
+    started.stop()
+
+
+def _results(job, scenario):
+  """Every worker's results of `scenario`, in worker order."""
+  return [r[scenario] for r in job.results()]
 
 
 def _seed(step, sender):
@@ -73,9 +70,8 @@ def _seed(step, sender):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_workers_identical_unbiased_with_the_theorys_variance(jobs,
-                                                              transport):
-  results = jobs[transport].results()
+def test_workers_identical_unbiased_with_the_theorys_variance(job, transport):
+  results = _results(job, transport)
   sums = [np.array(r["sums"], np.float32) for r in results]
   np.testing.assert_array_equal(sums[0], sums[1])
   steps = sums[0].shape[0]
@@ -113,8 +109,8 @@ def test_workers_identical_unbiased_with_the_theorys_variance(jobs,
   assert abs(z) < 6
 
 
-def test_nested_group_with_a_rotated_codec_is_identical_on_workers(jobs):
-  results = jobs["nested"].results()
+def test_nested_group_with_a_rotated_codec_is_identical_on_workers(job):
+  results = _results(job, "nested")
   sums = [np.array(r["sums"], np.float32) for r in results]
   np.testing.assert_array_equal(sums[0], sums[1])
   d = ndq_tf.codecs.get(worker.NESTED_CODEC).bucket_size

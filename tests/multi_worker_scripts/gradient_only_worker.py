@@ -7,14 +7,19 @@ synchronized BatchNormalization statistics, metrics, `strategy.reduce` and
 user all-reduces stay exact unless built inside
 `ndq_tf.distribute.compressed()`.
 
-`--strategy` picks the ONE strategy of this process; every check of the job
-runs under it, in order. One per process because every
-`MultiWorkerMirroredStrategy` of a process numbers its collectives from the
-same keys (TF's `CollectiveKeys` start at group 1, instance 100 unless the
-class attribute `_collective_key_base` is changed): the first collective of
-a second strategy reuses the key of the first strategy's, and TF's runtime
-refuses it when the two differ in kind or dtype ("Collective instance 100
-expected type 1 ... but got type 0").
+`--strategies` lists the strategies this process builds, in turn (in the
+same order on every worker); every check of a strategy runs under it, in
+order, before the next strategy is built. TensorFlow's own strategy comes
+first: it starts the collective server, which ndq_tf's strategies then
+reuse (a stock one built later would restart it under its peer's
+collectives). Every `MultiWorkerMirroredStrategy` of a process numbers its
+collectives from the same keys (TF's `CollectiveKeys` start at group 1,
+instance 100, unless the class attribute `_collective_key_base` is
+changed): a second strategy's first collective would reuse the first's key,
+which TF's runtime refuses when the two differ in kind or dtype
+("Collective instance 100 expected type 1 ... but got type 0"). ndq_tf's
+strategies each take keys of their own; TF's own takes
+`STOCK_COLLECTIVE_KEY_BASE` (`StockStrategy`, nothing else changed).
 
 * `ndq1`: `ndq_tf.MultiWorkerMirroredStrategy` with
   `DitheredCodec(num_levels=1)`: `batch_norm` (one `model.fit` step: the
@@ -32,9 +37,10 @@ expected type 1 ... but got type 0").
   `optimizer.apply_gradients`), and its metrics are a custom evaluation
   loop.
 
-Each worker prints one line `GRADIENT_ONLY {"worker": i, "results": {...}}`.
+Each worker prints one line
+`GRADIENT_ONLY {"worker": i, "results": {strategy: {check: ...}}}`.
 Every check builds its model from `keras.utils.set_random_seed`, so every
-job starts a check from the same initial weights. Each worker feeds its
+strategy starts a check from the same initial weights. Each worker feeds its
 own half of every global batch (`distribute_datasets_from_function`, by
 `input_pipeline_id`): worker 0 the first half, worker 1 the second.
 """
@@ -58,6 +64,11 @@ LOSS_SCALE_STEPS = 3  # model.fit steps of each optimizer in `loss_scale`.
 SMALL_SIZE = 10
 # tf.random.stateless_normal seeds of the user all-reduces' values.
 BIG_SEED, SMALL_SEED, REDUCE_SEED = (1, 2), (1, 3), 3
+#: The strategies, in the order every worker builds them (`tf` first).
+STRATEGIES = ("tf", "ndq1", "ndq3")
+#: Collective group keys of TensorFlow's own strategy start past this, far
+#: from ndq_tf's strategies' (1000 per strategy, from 0).
+STOCK_COLLECTIVE_KEY_BASE = 1000000
 
 
 def digits(offset=0.0):
@@ -326,8 +337,7 @@ def check_loss_scale(strategy):
   """`model.fit` of an MLP with Keras' and ndq_tf's `LossScaleOptimizer`.
 
   For each (in that order) a new Dense(256) -> Dense(10) model from the same
-  seed, in the job's strategy's scope (a second strategy in this process
-  would reuse its collective keys), `LOSS_SCALE_STEPS` steps of a global
+  seed, in the scope of `strategy`, `LOSS_SCALE_STEPS` steps of a global
   batch of 128 (float32: the loss scale only scales and unscales).
   """
   import keras  # pylint: disable=g-import-not-at-top
@@ -385,33 +395,49 @@ def _checks(name):
   return checks
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__)
-  p.add_argument("--strategy", choices=["ndq1", "ndq3", "tf"], required=True)
-  args = p.parse_args()
-  import keras  # pylint: disable=g-import-not-at-top
+def _make_strategy(name):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import ndq_tf  # pylint: disable=g-import-not-at-top
+  if name == "tf":
+
+    class StockStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+      """TensorFlow's own strategy, its collective keys apart from ndq_tf's."""
+      _collective_key_base = STOCK_COLLECTIVE_KEY_BASE
+
+    return StockStrategy()
+  return ndq_tf.MultiWorkerMirroredStrategy(
+      codec=ndq_tf.DitheredCodec(num_levels=int(name[-1])),
+      cluster_timeout=60)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__)
+  p.add_argument("--strategies", default=",".join(STRATEGIES),
+                 help="Comma-separated names of STRATEGIES, built in order.")
+  args = p.parse_args()
+  import keras  # pylint: disable=g-import-not-at-top
   keras.config.disable_traceback_filtering()  # Whole tracebacks in reports.
 
-  if args.strategy == "tf":
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-  else:
-    strategy = ndq_tf.MultiWorkerMirroredStrategy(
-        codec=ndq_tf.DitheredCodec(num_levels=int(args.strategy[-1])),
-        cluster_timeout=60)
-  worker = strategy.cluster_resolver.task_id
   out = {}
-  for name, check in _checks(args.strategy).items():
-    try:
-      out[name] = check(strategy)
-    except Exception as e:  # pylint: disable=broad-except
-      # Reported, not raised: the test names the failing check. A collective
-      # left half-done would stall the other worker, so stop here.
-      out[name] = {"error": f"{type(e).__name__}: {e}"[:2000],
-                   "traceback": traceback.format_exc()[-8000:]}
-      print(out[name]["traceback"], file=sys.stderr, flush=True)
+  failed = False
+  for strategy_name in args.strategies.split(","):
+    if failed:
       break
+    strategy = _make_strategy(strategy_name)
+    worker = strategy.cluster_resolver.task_id
+    out[strategy_name] = results = {}
+    for name, check in _checks(strategy_name).items():
+      try:
+        results[name] = check(strategy)
+      except Exception as e:  # pylint: disable=broad-except
+        # Reported, not raised: the test names the failing check. A
+        # collective left half-done would stall the other worker, so stop
+        # here.
+        results[name] = {"error": f"{type(e).__name__}: {e}"[:2000],
+                         "traceback": traceback.format_exc()[-8000:]}
+        print(results[name]["traceback"], file=sys.stderr, flush=True)
+        failed = True
+        break
   print("GRADIENT_ONLY " + json.dumps({"worker": worker, "results": out}),
         flush=True)
   sys.stderr.flush()

@@ -32,10 +32,11 @@ after the route, the route's own compressed exchanges and counted steps,
 whether every replica holds bitwise the same variables, and a SHA-256 of
 the first replica's variables (compared across workers by the test).
 
-As a script: `--strategy mirrored|multi_worker --transport T --routes a,b`
-prints one line `GRADIENT_ROUTES {"worker": i, "results": {route: ...}}`.
-One strategy per process (see
-tests/integration/test_all_reduce_multi_worker.py).
+As a script: `--strategy mirrored|multi_worker --transport T1,T2 --routes
+a,b` runs the routes under a strategy of each transport in turn (built in
+the same order on every worker; later multi-worker strategies reuse the
+running collective server) and prints one line
+`GRADIENT_ROUTES {"worker": i, "results": {transport: {route: ...}}}`.
 """
 
 import argparse
@@ -273,7 +274,8 @@ def _parse():
   p.add_argument("--strategy", choices=("mirrored", "multi_worker"),
                  required=True, help="The ndq_tf strategy of this process.")
   p.add_argument("--transport", default="all_gather",
-                 help="all_gather, all_reduce or auto.")
+                 help="Comma-separated transports (all_gather, all_reduce "
+                      "or auto), each under its own strategy, in order.")
   p.add_argument("--routes", default=",".join(ROUTES),
                  help="Comma-separated routes to run, in order.")
   p.add_argument("--replicas", type=int, default=4,
@@ -292,21 +294,35 @@ def main():
   else:
     worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
   import ndq_tf  # pylint: disable=g-import-not-at-top
+  from ndq_tf.core import engine as engine_lib  # pylint: disable=g-import-not-at-top
+  from ndq_tf.distribute import gradient_detection  # pylint: disable=g-import-not-at-top
   codec = ndq_tf.DitheredCodec(num_levels=1)
-  if args.strategy == "mirrored":
-    strategy = ndq_tf.MirroredStrategy(codec=codec, exchange=args.transport)
-  else:
-    strategy = ndq_tf.MultiWorkerMirroredStrategy(
-        codec=codec, exchange=args.transport, cluster_timeout=120,
-        communication_options=tf.distribute.experimental.CommunicationOptions(
-            timeout_seconds=120))
   results = {}
-  for route in args.routes.split(","):
-    try:
-      results[route] = run_route(strategy, route)
-    except Exception as e:  # pylint: disable=broad-except
-      results[route] = {"error": repr(e), "traceback": traceback.format_exc()}
+  failed = False
+  for transport in args.transport.split(","):
+    if failed:
       break  # A worker that stops mid-route would leave the other waiting.
+    # Warnings given once per process: each transport starts as a fresh
+    # process would, so that its routes warn (or not) as in a job of its own.
+    gradient_detection._WARNED.clear()  # pylint: disable=protected-access
+    engine_lib._WARNED.clear()  # pylint: disable=protected-access
+    if args.strategy == "mirrored":
+      strategy = ndq_tf.MirroredStrategy(codec=codec, exchange=transport)
+    else:
+      strategy = ndq_tf.MultiWorkerMirroredStrategy(
+          codec=codec, exchange=transport, cluster_timeout=120,
+          communication_options=(
+              tf.distribute.experimental.CommunicationOptions(
+                  timeout_seconds=120)))
+    results[transport] = {}
+    for route in args.routes.split(","):
+      try:
+        results[transport][route] = run_route(strategy, route)
+      except Exception as e:  # pylint: disable=broad-except
+        results[transport][route] = {"error": repr(e),
+                                     "traceback": traceback.format_exc()}
+        failed = True
+        break
   print(f"{MARKER} " + json.dumps({"worker": worker, "results": results}),
         flush=True)
   sys.stdout.flush()

@@ -2,14 +2,16 @@
 
 Started by `ndq_tf.launch`.
 
-Issue #17 on real worker processes: `--steps` compressed all-reduces of a
-fixed per-worker gradient under `ndq_tf.MultiWorkerMirroredStrategy` with
-a rotated DQSG codec and `--transport` (with `--nested`: worker 0 a DQSG
-reference sender, worker 1 rotated adaptive NDQSG, on correlated
-gradients), then one line
-`ROTATION {"worker": i, "results": {...}}` with every step's decoded sum
-(the test compares the workers bit for bit and checks the estimate against
-the theory) and the telemetry.
+Issue #17 on real worker processes. For every scenario of `--scenarios` in
+turn (`SCENARIOS`), under an `ndq_tf.MultiWorkerMirroredStrategy` of its
+own (built in the same order on every worker; later ones reuse the running
+collective server): its number of compressed all-reduces of a fixed
+per-worker gradient with a rotated DQSG codec and its transport (when
+nested: worker 0 a DQSG reference sender, worker 1 rotated adaptive NDQSG,
+on correlated gradients). Then one line
+`ROTATION {"worker": i, "results": {scenario: {...}}}` with every step's
+decoded sum (the test compares the workers bit for bit and checks the
+estimate against the theory) and the telemetry.
 """
 
 import argparse
@@ -25,6 +27,12 @@ SIZE = 16 * 128
 NESTED_CODEC = ("ndqsg:num_levels=3,coarse_ratio=3,bucket_size=128,"
                 "rotation=hadamard")
 REFERENCE_CODEC = "dqsg:num_levels=3,bucket_size=128"
+#: {scenario: (transport, nested group, all-reduces)}.
+SCENARIOS = {
+    "all_gather": ("all_gather", False, 6),
+    "all_reduce": ("all_reduce", False, 6),
+    "nested": ("all_gather", True, 4),
+}
 
 
 def gradient(worker):
@@ -42,27 +50,24 @@ def nested_gradient(worker):
 
 def _parse():
   p = argparse.ArgumentParser(description=__doc__)
-  p.add_argument("--transport", default="all_reduce",
-                 help="all_gather or all_reduce.")
-  p.add_argument("--steps", type=int, default=6, help="All-reduces.")
-  p.add_argument("--nested", action="store_true",
-                 help="A nested group: rotated adaptive NDQSG on worker 1.")
+  p.add_argument("--scenarios", default=",".join(SCENARIOS),
+                 help="Comma-separated names of SCENARIOS, run in order.")
   return p.parse_args()
 
 
-def _run(args):
+def _run(transport, nested, steps):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import ndq_tf  # pylint: disable=g-import-not-at-top
 
-  nested = ({"codec": NESTED_CODEC, "reference_codec": REFERENCE_CODEC,
+  codecs = ({"codec": NESTED_CODEC, "reference_codec": REFERENCE_CODEC,
              "reference_group": 1, "adaptive": True}
-            if args.nested else {"codec": CODEC})
+            if nested else {"codec": CODEC})
   strategy = ndq_tf.MultiWorkerMirroredStrategy(
-      exchange=args.transport, seed=SEED,
+      exchange=transport, seed=SEED,
       communication_options=tf.distribute.experimental.CommunicationOptions(
-          timeout_seconds=120), **nested)
+          timeout_seconds=120), **codecs)
   worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-  g = tf.constant((nested_gradient if args.nested else gradient)(worker))
+  g = tf.constant((nested_gradient if nested else gradient)(worker))
 
   @tf.function
   def step():
@@ -73,7 +78,7 @@ def _run(args):
     return strategy.run(fn)
 
   sums, stats = [], []
-  for _ in range(args.steps):
+  for _ in range(steps):
     out = strategy.experimental_local_results(step())[0]
     sums.append(np.asarray(out).tolist())
     stats.append(strategy.compression_stats())
@@ -84,7 +89,8 @@ def _run(args):
 def main():
   args = _parse()
   worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-  results = _run(args)
+  results = {name: _run(*SCENARIOS[name])
+             for name in args.scenarios.split(",")}
   print("ROTATION " + json.dumps({"worker": worker, "results": results}),
         flush=True)
   sys.stdout.flush()
