@@ -8,13 +8,14 @@ tests/multi_worker_scripts/all_reduce_worker.py: `model.fit` of a
 32-64-2 MLP whose only compressed gradient is the 32x64 kernel (the others
 are below `min_elements` and travel losslessly beside it).
 
-Jobs, started once for the file in two waves (at most 10 TensorFlow
-processes at a time on this 2-core machine), ONE strategy per worker
-process: a second `MultiWorkerMirroredStrategy` after a first one's
-`model.fit` hung in TF's broadcast of its first variable's initial value
-(`collective_bcast_send`/`_recv`, after "Enabling collective ops after
-program startup") in 4 of 5 such jobs run beside another job (never in
-the 2 run alone).
+Jobs, all started at once for the file (9 TensorFlow processes, at most
+10 at a time on this 2-core machine): the scenarios whose workers all
+succeed share ONE job per number of workers, whose worker processes run
+them in turn, each under its own strategy (`--scenarios`; later
+strategies reuse the running collective server), from the same initial
+weights; `p3` on 3 workers, and `p2`, `auto2`, `chunks_ag`, `chunks_ar`
+on 2. The two scenarios expected to fail, `die` and `step_offset`, are
+a job each.
 
 * `p2`, `p3`: 10 steps with `exchange="all_reduce"` on 2 and 3 workers
   (jobs of 4 and 8 workers were dropped for time, issue #31: the lane
@@ -26,7 +27,10 @@ the 2 run alone).
 * `die`: `exchange="all_reduce"`; worker 1 exits with code 3 at the start
   of step 5;
 * `step_offset`: `exchange="all_reduce"`; worker 1's compression step
-  starts `STEP_OFFSET` ahead, past the 24 bits of a float32 stamp word.
+  starts `STEP_OFFSET` ahead, past the 24 bits of a float32 stamp word;
+* `chunks_ag`, `chunks_ar`: `auto2` and `p2` exchanging the compressed
+  kernel (2048 values) in chunks of one bucket (issue #12): the same
+  weights.
 
 The expected telemetry is computed here from the shapes the workers report,
 with `ndq_tf.theory` and the fusion plan, as `engine._record` does: the
@@ -35,6 +39,7 @@ lossless values.
 """
 
 import importlib.util
+import json
 import math
 import os
 import re
@@ -78,31 +83,26 @@ def _load_worker():
 
 worker = _load_worker()
 
-# name: (workers, transport, worker arguments)
-FIRST_WAVE = {
+# name: (workers, transport, worker arguments); the order in which a job's
+# workers run its scenarios.
+# The exchange in chunks of one bucket (issue #12): the compressed kernel
+# (2048 values) travels as 4 chunks; the weights must be those of the
+# unchunked `auto2` (the all-gather, 3 steps) and `p2` (all-reduce).
+CHUNK = 512
+SCENARIOS = {
     "p3": (3, "all_reduce", ["--steps", str(STEPS)]),
     "p2": (2, "all_reduce", ["--steps", str(STEPS)]),
-}
-SECOND_WAVE = {
     "auto2": (2, "auto", ["--steps", str(AUTO_STEPS)]),
+    "chunks_ag": (2, "all_gather", ["--steps", str(AUTO_STEPS),
+                                    "--chunk_elements", str(CHUNK)]),
+    "chunks_ar": (2, "all_reduce", ["--steps", str(STEPS),
+                                    "--chunk_elements", str(CHUNK)]),
     "die": (2, "all_reduce", ["--steps", str(STEPS), "--die_at_step",
                               str(DIE_AT_STEP), "--die_worker", "1"]),
     "step_offset": (2, "all_reduce", ["--steps", "3", "--step_offset",
                                       str(STEP_OFFSET)]),
 }
-# The exchange in chunks of one bucket (issue #12): the compressed kernel
-# (2048 values) travels as 4 chunks; the weights must be those of the
-# unchunked jobs `auto2` (the all-gather, 3 steps) and `p2` (all-reduce).
-CHUNK = 512
-THIRD_WAVE = {
-    "chunks_ag": (2, "all_gather", ["--steps", str(AUTO_STEPS),
-                                    "--chunk_elements", str(CHUNK)]),
-    "chunks_ar": (2, "all_reduce", ["--steps", str(STEPS),
-                                    "--chunk_elements", str(CHUNK)]),
-}
-WAVES = (FIRST_WAVE, SECOND_WAVE, THIRD_WAVE)
 FAILING = ("die", "step_offset")
-JOBS = dict(FIRST_WAVE, **SECOND_WAVE, **THIRD_WAVE)
 AUTO_JOBS = ("auto2",)
 
 
@@ -152,58 +152,66 @@ class _FailingRun:
         self._proc.wait(timeout=30)
 
 
+class _Scenario:
+  """One scenario of a job that runs several: its results on every worker."""
+
+  def __init__(self, job, name):
+    self._job = job
+    self._name = name
+
+  def results(self):
+    """Every worker's results of this scenario, in worker order."""
+    return [r[self._name] for r in self._job.results()]
+
+
 class _Jobs:
-  """Every job of a file; a wave starts once the one before is done.
+  """Every job of a file, all started at construction.
+
+  The scenarios expected to succeed share one job per number of workers,
+  whose workers run them in the order of `scenarios`, each under its own
+  strategy (the worker's `--scenarios`); each scenario expected to fail is
+  a job of its own. `jobs[name]` is a scenario's `_Scenario`, or its
+  `_FailingRun`.
 
   Args:
     tmp_path_factory: pytest's, for the jobs' directories.
-    waves: `{name: (num_workers, transport, args)}` per wave, in order.
-    failing: the names of the jobs expected to fail (`_FailingRun`).
+    scenarios: `{name: (num_workers, transport, args)}`.
+    failing: the names of the scenarios expected to fail.
     prefix: the start of the jobs' directory names.
   """
 
-  def __init__(self, tmp_path_factory, waves=WAVES, failing=FAILING,
+  def __init__(self, tmp_path_factory, scenarios=SCENARIOS, failing=FAILING,
                prefix="all_reduce"):
-    self._tmp = tmp_path_factory
-    self._waves = waves
-    self._failing = failing
-    self._prefix = prefix
-    self._jobs = {}
-    self._waves_started = 1
-    self._start(waves[0])
-
-  def _start(self, wave):
-    for name, (num_workers, transport, args) in wave.items():
+    self._scenarios = {}
+    self._jobs = []
+    shared = {}  # num_workers: [[name, args]]
+    for name, (num_workers, transport, args) in scenarios.items():
       args = ["--codec", CODEC, "--transport", transport] + args
-      out_dir = self._tmp.mktemp(f"{self._prefix}_{name}")
-      if name in self._failing:
-        self._jobs[name] = _FailingRun(args, out_dir, num_workers,
-                                       JOB_TIMEOUT)
-      else:
-        self._jobs[name] = multi_worker_job.MultiWorkerJob(
-            WORKER, args, out_dir, MARKER, num_workers=num_workers,
-            timeout=JOB_TIMEOUT, name=name)
-
-  def _start_next_wave(self):
-    for name in self._waves[self._waves_started - 1]:
-      job = self._jobs[name]
-      try:
-        if name in self._failing:
-          job.result()
-        else:
-          job.results()
-      except pytest.fail.Exception:
-        pass  # Reported by the tests of that job.
-    self._start(self._waves[self._waves_started])
-    self._waves_started += 1
+      if name not in failing:
+        shared.setdefault(num_workers, []).append([name, args])
+    for num_workers, runs in shared.items():
+      names = [name for name, _ in runs]
+      job = multi_worker_job.MultiWorkerJob(
+          WORKER, ["--scenarios", json.dumps(runs)],
+          tmp_path_factory.mktemp(f"{prefix}_{num_workers}_workers"), MARKER,
+          num_workers=num_workers, timeout=JOB_TIMEOUT,
+          name=f"of {num_workers} workers ({', '.join(names)})")
+      self._jobs.append(job)
+      for name in names:
+        self._scenarios[name] = _Scenario(job, name)
+    for name in failing:
+      num_workers, transport, args = scenarios[name]
+      args = ["--codec", CODEC, "--transport", transport] + args
+      run = _FailingRun(args, tmp_path_factory.mktemp(f"{prefix}_{name}"),
+                        num_workers, JOB_TIMEOUT)
+      self._jobs.append(run)
+      self._scenarios[name] = run
 
   def __getitem__(self, name):
-    while name not in self._jobs:
-      self._start_next_wave()
-    return self._jobs[name]
+    return self._scenarios[name]
 
   def stop(self):
-    for job in self._jobs.values():
+    for job in self._jobs:
       job.stop()
 
 
@@ -283,7 +291,7 @@ def test_fit_all_reduce_keeps_workers_bitwise_identical(jobs, name):
   so the weights agree to the bit; the telemetry reports the all-reduce
   on every step and the cost model's link bits.
   """
-  num_workers = JOBS[name][0]
+  num_workers = SCENARIOS[name][0]
   results = jobs[name].results()
   assert len(results) == num_workers
   _check_training(results, num_workers, "all_reduce", STEPS)
@@ -291,7 +299,7 @@ def test_fit_all_reduce_keeps_workers_bitwise_identical(jobs, name):
 
 @pytest.mark.parametrize("name", AUTO_JOBS)
 def test_auto_picks_the_cost_models_transport(jobs, name):
-  num_workers, transport, _ = JOBS[name]
+  num_workers, transport, _ = SCENARIOS[name]
   assert transport == "auto"
   results = jobs[name].results()
   _check_training(results, num_workers,
@@ -342,7 +350,7 @@ def test_workers_at_different_steps_fail_naming_both_steps(jobs):
 def test_chunked_exchange_leaves_the_weights_of_one_exchange(jobs, name,
                                                              unchunked):
   """Chunks of one bucket, on both transports: the unchunked job's bits."""
-  num_workers, transport, _ = JOBS[name]
+  num_workers, transport, _ = SCENARIOS[name]
   steps = AUTO_STEPS if name == "chunks_ag" else STEPS
   results = jobs[name].results()
   for r in results:

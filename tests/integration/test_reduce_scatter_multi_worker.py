@@ -7,8 +7,11 @@ test_all_reduce_multi_worker.py (tests/multi_worker_scripts/
 all_reduce_worker.py: `model.fit` of a 32-64-2 MLP whose one compressed
 gradient, the 32x64 kernel, is 4 buckets: at 3 workers the shards are 2,
 1 and 1 buckets; empty shards are
-tests/core/exchanges/test_reduce_scatter.py's). One job per configuration,
-two waves (at most 10 TensorFlow processes at a time):
+tests/core/exchanges/test_reduce_scatter.py's). Two jobs, started at
+once by test_all_reduce_multi_worker.py's `_Jobs` (5 TensorFlow
+processes): `p3` on 3 workers, and one job of 2 workers whose processes
+run `p2`, `nested2` and `feedback2` in turn, each under its own strategy
+and from the same initial weights (the worker's `--scenarios`):
 
 * `p3`, `p2`: 10 steps; identical SHA-256 weights on every worker, the
   telemetry's transport and the cost model's link bits. `p3` asks for
@@ -57,23 +60,22 @@ _STEPS = ["--steps", str(STEPS)]
 NESTED_CODEC = "ndqsg:num_levels=3,coarse_ratio=3"
 REFERENCE_CODEC = "dqsg:num_levels=1"
 NESTED_STEPS = 5
-WAVES = (
-    {"p3": (3, "auto", _STEPS),
-     "p2": (2, TRANSPORT, _STEPS + ["--ecdq_checks"])},
-    {"nested2": (2, TRANSPORT, [
-         "--steps", str(NESTED_STEPS), "--codec", NESTED_CODEC,
-         "--reference_codec", REFERENCE_CODEC]),
-     "feedback2": (2, TRANSPORT, _STEPS + ["--error_feedback"])},
-)
-JOBS = {name: job for wave in WAVES for name, job in wave.items()}
-# Run in waves by test_all_reduce_multi_worker's `_Jobs`, each launcher
-# bounded by its JOB_TIMEOUT.
+SCENARIOS = {
+    "p3": (3, "auto", _STEPS),
+    "p2": (2, TRANSPORT, _STEPS + ["--ecdq_checks"]),
+    "nested2": (2, TRANSPORT, [
+        "--steps", str(NESTED_STEPS), "--codec", NESTED_CODEC,
+        "--reference_codec", REFERENCE_CODEC]),
+    "feedback2": (2, TRANSPORT, _STEPS + ["--error_feedback"]),
+}
+# Run by test_all_reduce_multi_worker's `_Jobs`, each launcher bounded by
+# its JOB_TIMEOUT.
 
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
   started = all_reduce_jobs._Jobs(  # pylint: disable=protected-access
-      tmp_path_factory, WAVES, failing=(), prefix="reduce_scatter")
+      tmp_path_factory, SCENARIOS, failing=(), prefix="reduce_scatter")
   try:
     yield started
   finally:
@@ -87,7 +89,7 @@ def test_fit_keeps_workers_bitwise_identical_with_the_models_bits(jobs, name):
   Every worker decodes the same re-quantized shards with the same ops, so
   the weights agree to the bit.
   """
-  num_workers, transport, _ = JOBS[name]
+  num_workers, transport, _ = SCENARIOS[name]
   if transport == "auto":
     assert all_reduce_jobs._auto_transport(  # pylint: disable=protected-access
         all_reduce_jobs._shapes(), num_workers) == TRANSPORT  # pylint: disable=protected-access
@@ -147,6 +149,8 @@ def test_error_feedback_keeps_workers_bitwise_identical(jobs):
   all_reduce_jobs._check_training(  # pylint: disable=protected-access
       results, 2, TRANSPORT, STEPS)
   plain = jobs["p2"].results()
+  # From the same weights (the same job's processes), to others.
+  assert results[0]["initial_weights"] == plain[0]["initial_weights"]
   assert results[0]["weights"] != plain[0]["weights"]
   assert (results[0]["stats"]["model_link_bits"]
           == plain[0]["stats"]["model_link_bits"])

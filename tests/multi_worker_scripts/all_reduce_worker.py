@@ -5,10 +5,16 @@ Started by `ndq_tf.launch`.
 Issue #11 on real worker processes: `model.fit` for `--steps` steps under
 `ndq_tf.MultiWorkerMirroredStrategy(codec, exchange=...)` on a small
 model, then one line `ALL_REDUCE {"worker": i, "results": {...}}` with a
-SHA-256 of every weight (bitwise identity across workers is compared by
-the test), the shapes of the trainable weights (the test computes the cost
-model's bits from them), the telemetry of the last exchange and the final
-loss.
+SHA-256 of every weight after training and before it (bitwise identity
+across workers and scenarios is compared by the test), the shapes of the
+trainable weights (the test computes the cost model's bits from them),
+the telemetry of the last exchange and the final loss.
+
+`--scenarios '[[name, [arguments]], ...]'` (JSON): the process runs each
+scenario in turn, in that order on every worker, each with its own
+strategy (later strategies reuse the running collective server), a fresh
+model and the same seeds, its arguments added to the command line's (a
+later value wins); `results` is then `{name: that scenario's results}`.
 
 `--die_at_step k`: worker `--die_worker` ends its process (exit 3) at the
 start of step `k`, in the middle of the job, after printing the time
@@ -24,8 +30,8 @@ training, so the workers' steps disagree at the first exchange.
 `--ecdq_checks`: after training, `ECDQ_STEPS` exchanges of `ecdq_gradient`
 with `EntropyCodedDitheredCodec` (variable-length payloads, issue #35)
 under each of `ECDQ_EXCHANGES`, through the strategy's own collective
-launcher (its exchange engine holds the training's codec; this process
-may hold one strategy): the results get `"ecdq"`, per exchange the
+launcher (its exchange engine holds the training's codec): the results
+get `"ecdq"`, per exchange the
 SHA-256 of every step's sum and the telemetry of the last, and the
 seconds they took (about 10 per worker, mostly tracing and XLA compiles:
 the second step of each takes 0.01-0.05 s).
@@ -59,7 +65,7 @@ def ecdq_gradient(worker):
           * 10.0 ** (worker - 1)).astype(np.float32)
 
 
-def _parse():
+def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__)
   p.add_argument("--codec", default="dqsg:num_levels=1",
                  help="Codec spec (ndq_tf.codecs.get).")
@@ -81,11 +87,14 @@ def _parse():
   p.add_argument("--reference_codec", default=None,
                  help="A nested --codec's reference codec (spec); the "
                  "first half of the workers send it (fixed mode).")
-  return p.parse_args()
+  p.add_argument("--scenarios", default=None,
+                 help="JSON list of [name, [arguments]]: run each in turn "
+                 "(the module's doc).")
+  return p.parse_args(argv)
 
 
 def _train(args, worker):
-  """Trains the model under this process's one strategy; returns results."""
+  """Trains a fresh model under a new strategy; returns the results."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import ndq_tf  # pylint: disable=g-import-not-at-top
@@ -117,6 +126,7 @@ def _train(args, worker):
     ])
     model.compile(keras.optimizers.SGD(0.05),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  initial = _digests(model)
   if worker == 1 and args.step_offset:
     strategy.compression_step.assign_add(args.step_offset)
 
@@ -133,14 +143,20 @@ def _train(args, worker):
   ecdq = _ecdq_checks(strategy, worker) if args.ecdq_checks else None
   return {
       "ecdq": ecdq,
-      "weights": [hashlib.sha256(np.ascontiguousarray(w)).hexdigest()
-                  for w in model.get_weights()],
+      "weights": _digests(model),
+      "initial_weights": initial,
       "shapes": [list(w.shape) for w in model.trainable_weights],
       "stats": strategy.compression_stats(),
       "loss": float(history.history["loss"][-1]),
       "step": int(strategy.compression_step.numpy()),
       "seconds": time.time() - start,  # From the strategy to the results.
   }
+
+
+def _digests(model):
+  """The SHA-256 of each of `model`'s weights."""
+  return [hashlib.sha256(np.ascontiguousarray(w)).hexdigest()
+          for w in model.get_weights()]
 
 
 def _ecdq_checks(strategy, worker):
@@ -187,7 +203,11 @@ def _ecdq_checks(strategy, worker):
 def main():
   args = _parse()
   worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-  results = _train(args, worker)
+  if args.scenarios is None:
+    results = _train(args, worker)
+  else:
+    results = {name: _train(_parse(sys.argv[1:] + extra), worker)
+               for name, extra in json.loads(args.scenarios)}
   print("ALL_REDUCE " + json.dumps({"worker": worker, "results": results}),
         flush=True)
   sys.stdout.flush()
