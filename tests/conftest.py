@@ -157,6 +157,8 @@ _durations = {}
 _cpu = {}
 _START = time.monotonic()  # When pytest loaded this file, before TF loads.
 _CPU_PROPERTY = "cpu_seconds"
+_RSS_PROPERTY = "max_rss_mb"
+_max_rss = {}  # The test process's peak resident memory after each test.
 
 
 def _cpu_seconds():
@@ -175,6 +177,9 @@ def pytest_runtest_makereport(item, call):
       now = _cpu_seconds()
       outcome.get_result().user_properties.append(
           (_CPU_PROPERTY, [b - a for a, b in zip(start, now)]))
+      outcome.get_result().user_properties.append(
+          (_RSS_PROPERTY,
+           resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -186,6 +191,8 @@ def pytest_runtest_logreport(report):
   _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + (
       report.duration)
   for name, value in report.user_properties:
+    if name == _RSS_PROPERTY:
+      _max_rss[report.nodeid] = value
     if name == _CPU_PROPERTY:
       _cpu[report.nodeid] = tuple(value)
 
@@ -215,9 +222,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                               for i in range(2)))
   report = os.environ.get("NDQ_TIME_REPORT")
   if report:
-    # Every test's wall seconds and CPU seconds (own, child processes), for
-    # finding where the suite's time goes: NDQ_TIME_REPORT=<file.json>.
+    # Every test's wall seconds, CPU seconds (own, child processes) and its
+    # process's peak memory after it (MB), for finding where the suite's
+    # time and memory go: NDQ_TIME_REPORT=<file.json>.
     with open(report, "w") as f:
-      json.dump({n: {"seconds": d, "cpu": _cpu.get(n, (0.0, 0.0))}
+      json.dump({n: {"seconds": d, "cpu": _cpu.get(n, (0.0, 0.0)),
+                     "max_rss_mb": _max_rss.get(n)}
                  for n, d in _durations.items()}, f, indent=0)
     write("time report: %s" % report)
