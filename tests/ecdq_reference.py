@@ -7,7 +7,7 @@ have in the whole buffer (`dither_offset`), summed in sender order in
 float32 as `fusion_sum` does: the exchanges must give these bits. Also the
 words each payload uses, from which the tests compute the telemetry.
 Used by integration/test_variable_length.py (replicas of one process) and
-integration/test_reduce_scatter_multi_worker.py (worker processes).
+integration/test_all_reduce_multi_worker.py (worker processes).
 """
 
 import numpy as np

@@ -6,7 +6,7 @@ Real TensorFlow and Keras on 4 logical CPU devices (tests/conftest.py).
 each replica's own `decode(encode(...))` at the exchange's seeds, and the
 telemetry counts the words used, not the static worst case. The worker
 processes' checks run in a shared multi-worker job
-(integration/test_reduce_scatter_multi_worker.py); both compare with
+(integration/test_all_reduce_multi_worker.py's `rs_p2`); both compare with
 `ecdq_reference`.
 """
 

@@ -24,6 +24,13 @@ until the launcher stops them.
 `--step_offset k`: worker 1 adds `k` to its compression step before
 training, so the workers' steps disagree at the first exchange.
 
+`--expect_error Name`: the training must raise `tf.errors.Name` (on every
+worker: the test checks each); the worker catches it and the scenario's
+results are `{"error": its class name, "message": its message}` (an
+error of another class still ends the process). A failed step may leave
+the process's collectives aborted, so such a scenario must be the last of
+`--scenarios`; this script checks it.
+
 `--reference_codec spec`: a nested group (`--codec` nested, fixed mode).
 `--error_feedback`: `reduce_scatter_error_feedback=True`.
 
@@ -87,6 +94,9 @@ def _parse(argv=None):
   p.add_argument("--reference_codec", default=None,
                  help="A nested --codec's reference codec (spec); the "
                  "first half of the workers send it (fixed mode).")
+  p.add_argument("--expect_error", default=None,
+                 help="The tf.errors class (its name) the training must "
+                 "raise: caught and reported as the results.")
   p.add_argument("--scenarios", default=None,
                  help="JSON list of [name, [arguments]]: run each in turn "
                  "(the module's doc).")
@@ -153,6 +163,18 @@ def _train(args, worker):
   }
 
 
+def _run(args, worker):
+  """`_train`'s results, or the error it was expected to raise."""
+  if args.expect_error is None:
+    return _train(args, worker)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    results = _train(args, worker)
+  except getattr(tf.errors, args.expect_error) as e:
+    return {"error": type(e).__name__, "message": str(e)}
+  return dict(results, error=None)  # Nothing raised: the test fails.
+
+
 def _digests(model):
   """The SHA-256 of each of `model`'s weights."""
   return [hashlib.sha256(np.ascontiguousarray(w)).hexdigest()
@@ -204,10 +226,14 @@ def main():
   args = _parse()
   worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
   if args.scenarios is None:
-    results = _train(args, worker)
+    results = _run(args, worker)
   else:
-    results = {name: _train(_parse(sys.argv[1:] + extra), worker)
-               for name, extra in json.loads(args.scenarios)}
+    scenarios = [(name, _parse(sys.argv[1:] + extra))
+                 for name, extra in json.loads(args.scenarios)]
+    raising = [name for name, a in scenarios if a.expect_error]
+    if raising not in ([], [scenarios[-1][0]]):
+      raise ValueError(f"Only the last scenario may expect an error: {raising}")
+    results = {name: _run(a, worker) for name, a in scenarios}
   print("ALL_REDUCE " + json.dumps({"worker": worker, "results": results}),
         flush=True)
   sys.stdout.flush()

@@ -2,7 +2,7 @@
 
 Real TensorFlow on 4 logical CPU devices (tests/conftest.py): eager
 exchanges of one engine, as in test_reduce_scatter.py. The multi-worker
-case is test_reduce_scatter_multi_worker.py's `p2` job.
+case is integration/test_all_reduce_multi_worker.py's `feedback2`.
 """
 
 import numpy as np

@@ -2,8 +2,8 @@
 
 Real TensorFlow on 4 logical CPU devices (tests/conftest.py) under
 `ndq_tf.MirroredStrategy(exchange="reduce_scatter")`: every replica is a
-sender and the receiver of one shard. The multi-worker jobs are in
-test_reduce_scatter_multi_worker.py.
+sender and the receiver of one shard. The multi-worker scenarios are in
+integration/test_all_reduce_multi_worker.py.
 """
 
 import numpy as np

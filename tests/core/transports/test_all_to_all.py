@@ -2,7 +2,7 @@
 
 The exchange through it is tested under `ndq_tf.MirroredStrategy` in
 core/exchanges/test_reduce_scatter.py and on real worker processes in
-integration/test_reduce_scatter_multi_worker.py.
+integration/test_all_reduce_multi_worker.py.
 """
 
 import pytest
