@@ -449,10 +449,20 @@ def test_nested_group_two_workers_bitwise_identical(shared, adaptive):
 
 
 def test_workers_with_different_steps_fail_naming_both_steps(shared):
-  """Every worker raises the error (caught by the worker) naming both."""
-  for outcome in shared("different_steps"):
-    assert outcome["error"] == "InvalidArgumentError", outcome
-    message = outcome["message"]
+  """The step fails on every worker, with the error naming both steps.
+
+  Every worker's training raises (caught by the worker); a worker may see
+  the error, or the cancellation of a collective of the same step that the
+  error aborted on its peer.
+  """
+  outcomes = shared("different_steps")
+  for outcome in outcomes:
+    assert outcome["error"] in ("InvalidArgumentError", "CancelledError"), (
+        outcome)
+  named = [o["message"] for o in outcomes
+           if o["error"] == "InvalidArgumentError"]
+  assert named, outcomes
+  for message in named:
     assert "workers disagree on the compression step" in message, message
     assert "[sent step] [0] [but worker] [1] [sent step] [5]" in message, (
         message)
