@@ -1,14 +1,15 @@
 """Workers that disagree stop, naming the setting at fault (#21).
 
-The real job: two worker processes on 127.0.0.1 (started here with their
-`TF_CONFIG`, not by the launcher, so that each one's exit code is known),
-each running tests/multi_worker_scripts/agreement_worker.py: worker 1
-builds the strategy with one setting changed per case, which must raise on
-both workers, naming it, when the strategy is built; then the options
-agree but the all-reduced tensors' shapes do not (another fusion plan of
-the same size), which the fingerprint in the all-gather's header stops at
-the first exchange, and both processes exit non-zero. One more job lets
-a mismatch (the seed) end both processes.
+The real job, ONE for the file: two worker processes on 127.0.0.1 (started
+here with their `TF_CONFIG`, not by the launcher, so that each one's exit
+code is known), each running tests/multi_worker_scripts/agreement_worker.py
+and going on after each expected error, which it catches and reports: worker
+1 builds the strategy with one setting changed per case, which must raise on
+both workers, naming it, when the strategy is built; then the options agree
+but the all-reduced tensors' shapes do not (another fusion plan of the same
+size), which the fingerprint in the all-gather's header stops at the first
+exchange, with an error raised on both workers. Last, a mismatch (the seed)
+built uncaught ends both processes, non-zero.
 
 The rest checks the fingerprint and the transports' checks in one
 process, with the transports' collectives replaced by a function that
@@ -82,14 +83,18 @@ def _run_workers(out, *args):
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
   """Every case of agreement_worker.py, on two workers, started once."""
-  return _run_workers(tmp_path_factory.mktemp("agreement"))
+  return _run_workers(tmp_path_factory.mktemp("agreement"), "--uncaught",
+                      "seed")
 
 
-def test_a_mismatch_ends_every_worker_with_an_error(tmp_path):
-  # The seed: without the check, the silent divergence of #21.
-  for code, output, seconds in _run_workers(tmp_path, "--uncaught", "seed"):
+def test_a_mismatch_ends_every_worker_with_an_error(job):
+  # The seed: without the check, the silent divergence of #21. Built
+  # uncaught after the caught cases (whose report holds the same message).
+  for code, output, seconds in job:
     assert code not in (0, "timeout"), output[-5000:]
-    assert CASES["seed"] in output, output[-5000:]
+    assert "uncaught case: seed" in output, output[-5000:]
+    uncaught = output.split("uncaught case: seed", 1)[1]
+    assert CASES["seed"] in uncaught, output[-5000:]
     assert "uncaught case: no error" not in output
     print(f"seed: exit code {code} after {seconds:.1f} s")
 
@@ -118,8 +123,11 @@ def test_every_mismatch_raises_on_every_worker_naming_it(job, worker):
 @pytest.mark.parametrize("worker", [0, 1])
 def test_another_plan_stops_every_worker_at_the_first_exchange(job, worker):
   code, output, seconds = job[worker]
+  # The process ends with the uncaught case's error, after the plan case.
   assert code not in (0, "timeout"), output[-5000:]
-  assert "workers disagree on what they exchange" in output, output[-5000:]
+  plan = _report(output)["plan"]
+  assert plan["error"] == "InvalidArgumentError", (plan, output[-5000:])
+  assert "workers disagree on what they exchange" in plan["message"], plan
   assert "plan case: no error" not in output
   assert seconds < TIMEOUT
   print(f"worker {worker}: exit code {code} after {seconds:.1f} s; "

@@ -7,15 +7,18 @@ subprocess timeout. The workers run `tests/multi_worker_scripts/mw_worker.py`,
 a tiny MLP whose only compressed tensor is its 64x32 kernel, and write their
 results (telemetry from `strategy.compression_stats()`) to `worker<i>.npz`.
 
-The runs that succeed share ONE job, started once for the file in the
-background (`shared`, through `multi_worker_job.MultiWorkerJob`): each worker
-process runs every run of `SCENARIOS` one after the other, each with its own
-strategy, model and results directory, and each test reads its run's
-results. The jobs expected to fail stay jobs of their own: workers at
-different steps, and the killed worker of the backup test (then resumed in a
-job of its own, against the shared job's uninterrupted run), as do the
-bad-`TF_CONFIG` and missing-worker processes and the example (run as users
-run it).
+The runs that the worker processes survive share ONE job, started once for
+the file in the background (`shared`, through
+`multi_worker_job.MultiWorkerJob`): each worker process runs every run of
+`SCENARIOS` one after the other, each with its own strategy, model and
+results directory, and each test reads its run's results. The last run,
+workers at different steps (`DIFFERENT_STEPS`), must fail: its step-mismatch
+error is raised on every worker as a Python exception
+(`tf.errors.InvalidArgumentError`), which the worker catches (TF's errors,
+for that run only) and records (class and message) as the run's result. The killed worker
+of the backup test is a job of its own (then resumed in another, against the
+shared job's uninterrupted run), as are the bad-`TF_CONFIG` and
+missing-worker processes and the example (run as users run it).
 
 The dither's base seed is `[seed, engine.SEED_TAG]` since the exchange engine
 is shared with MirroredStrategy (#10); nothing here hard-codes bits of the
@@ -55,7 +58,8 @@ LOSSLESS_ELEMENTS = 32 + 32 * 10 + 10
 RESUME = ("--mode", "fit", "--steps", "16", "--epochs", "2", "--save_freq",
           "epoch", "--nested", "--adaptive")
 # The runs of the shared job, in the order every worker runs them (the
-# uninterrupted run of the backup test, `straight`, is added by `shared`).
+# uninterrupted run of the backup test, `straight`, and `DIFFERENT_STEPS`
+# are added by `shared`).
 SCENARIOS = {
     "fit": ["--mode", "fit", "--steps", "20"],
     "powersgd": ["--mode", "fit", "--steps", "8", "--powersgd", "2"],
@@ -66,6 +70,10 @@ SCENARIOS = {
     "nested_adaptive": ["--mode", "ctl", "--steps", "10", "--nested",
                         "--adaptive"],
 }
+# The shared job's last run: worker 1's compression step 5 ahead, which must
+# raise the step-mismatch error on every worker at the first exchange.
+DIFFERENT_STEPS = ["--mode", "ctl", "--steps", "3", "--step_offset", "5",
+                   "--expect_error", "InvalidArgumentError"]
 SHARED_TIMEOUT = 400  # seconds, for the launcher of the shared job.
 
 
@@ -103,12 +111,25 @@ def _assert_bitwise_identical(results):
       np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def _errors(out_dir, num_workers=2):
+  """Every worker's `{"error", "message"}` of a run with `--expect_error`."""
+  outcomes = []
+  for i in range(num_workers):
+    with open(os.path.join(out_dir, f"worker{i}.json")) as f:
+      outcomes.append(json.load(f))
+  return outcomes
+
+
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-  """`shared(name)`: every worker's results of the shared job's run `name`."""
+  """`shared(name)`: every worker's results of the shared job's run `name`.
+
+  The results of `different_steps` are the errors each worker caught.
+  """
   out_dir = tmp_path_factory.mktemp("mw_shared")
   scenarios = dict(SCENARIOS, straight=[
       *RESUME, "--backup_dir", str(out_dir / "straight_backup")])
+  scenarios["different_steps"] = DIFFERENT_STEPS  # Last: its run fails.
   job = multi_worker_job.MultiWorkerJob(
       WORKER, ["--out_dir", str(out_dir), "--scenarios",
                json.dumps(scenarios)], out_dir, "MW",
@@ -117,6 +138,8 @@ def shared(tmp_path_factory):
   def results(name):
     # Every worker ran every run (or `results()` fails the test).
     assert job.results() == [list(scenarios)] * 2
+    if name == "different_steps":
+      return _errors(str(out_dir / name))
     return _results(str(out_dir / name))
 
   yield results
@@ -425,13 +448,24 @@ def test_nested_group_two_workers_bitwise_identical(shared, adaptive):
     assert int(results[1]["nested_elements"]) == 64 * 32
 
 
-def test_workers_with_different_steps_fail_naming_both_steps(tmp_path):
-  out = str(tmp_path / "out")
-  code, output = _run_job("--mode", "ctl", "--steps", "3", "--step_offset",
-                          "5", "--out_dir", out)
-  assert code != 0
-  assert "workers disagree on the compression step" in output, output
-  assert "[sent step] [0] [but worker] [1] [sent step] [5]" in output, output
+def test_workers_with_different_steps_fail_naming_both_steps(shared):
+  """The step fails on every worker, with the error naming both steps.
+
+  Every worker's training raises (caught by the worker); a worker may see
+  the error, or the cancellation of a collective of the same step that the
+  error aborted on its peer.
+  """
+  outcomes = shared("different_steps")
+  for outcome in outcomes:
+    assert outcome["error"] in ("InvalidArgumentError", "CancelledError"), (
+        outcome)
+  named = [o["message"] for o in outcomes
+           if o["error"] == "InvalidArgumentError"]
+  assert named, outcomes
+  for message in named:
+    assert "workers disagree on the compression step" in message, message
+    assert "[sent step] [0] [but worker] [1] [sent step] [5]" in message, (
+        message)
 
 
 def test_killed_worker_resumes_exactly_with_backup_and_restore(tmp_path,

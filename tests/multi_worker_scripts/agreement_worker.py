@@ -3,13 +3,14 @@
 Worker 1 builds `ndq_tf.MultiWorkerMirroredStrategy` with one setting
 changed per case (`CASES`); each case must fail on every worker when the
 strategy is built, before any exchange. The worker records every case's
-error message and seconds to the error, prints one line
-`AGREEMENT {"worker": i, "results": {...}}`, then runs the last case
-uncaught: the options agree but the workers all-reduce tensors of another
-shape (hence another fusion plan, of the same size), which only the
-fingerprint on the wire can catch, at the first exchange; the process then
-exits non-zero with TF's error carrying that message. With `--uncaught
-CASE`, only that case runs, and its error ends the process.
+error message and seconds to the error. Then the plan case: the options
+agree but the workers all-reduce tensors of another shape (hence another
+fusion plan, of the same size), which only the fingerprint on the wire can
+catch, at the first exchange, with TF's `InvalidArgumentError`; the worker
+catches that error too and records its class, message and seconds. It
+prints one line `AGREEMENT {"worker": i, "results": {...}, "plan": {...}}`.
+With `--uncaught CASE`, it then builds that case's strategy uncaught (after
+printing `uncaught case: CASE`): its error ends the process, non-zero.
 """
 
 import argparse
@@ -48,8 +49,8 @@ def _parse():
   p.add_argument("--transport", default="all_gather",
                  help="The transport of the last (plan) case.")
   p.add_argument("--uncaught", default=None,
-                 help="Only build the strategy of this case, uncaught: the "
-                      "process exits with its error.")
+                 help="At the end, build the strategy of this case, "
+                      "uncaught: the process exits with its error.")
   return p.parse_args()
 
 
@@ -60,12 +61,6 @@ def main():
   import ndq_tf  # pylint: disable=g-import-not-at-top
 
   cases = _cases(ndq_tf)
-  if args.uncaught:
-    ndq_tf.MultiWorkerMirroredStrategy(
-        min_elements=MIN_ELEMENTS, cluster_timeout=60,
-        **cases[args.uncaught][worker])
-    print("uncaught case: no error", flush=True)
-    return
   names = [c for c in args.cases.split(",") if c] or list(cases)
   results = {}
   for name in names:
@@ -77,8 +72,6 @@ def main():
       results[name] = {"error": None}
     except ValueError as e:
       results[name] = {"error": str(e), "seconds": time.time() - start}
-  print("AGREEMENT " + json.dumps({"worker": worker, "results": results}),
-        flush=True)
 
   # The same options, tensors of another shape: 64 x 32 against 32 x 64.
   strategy = ndq_tf.MultiWorkerMirroredStrategy(
@@ -97,9 +90,21 @@ def main():
   start = time.time()
   try:
     step()
-  finally:
-    print(f"plan case: {time.time() - start:.1f} s to the error", flush=True)
-  print("plan case: no error", flush=True)
+    plan = {"error": None, "message": None}
+    print("plan case: no error", flush=True)
+  except tf.errors.InvalidArgumentError as e:
+    plan = {"error": type(e).__name__, "message": str(e)}
+  plan["seconds"] = time.time() - start
+  print(f"plan case: {plan['seconds']:.1f} s to the error", flush=True)
+  print("AGREEMENT " + json.dumps({"worker": worker, "results": results,
+                                   "plan": plan}), flush=True)
+
+  if args.uncaught:
+    print(f"uncaught case: {args.uncaught}", flush=True)
+    ndq_tf.MultiWorkerMirroredStrategy(
+        min_elements=MIN_ELEMENTS, cluster_timeout=60,
+        **cases[args.uncaught][worker])
+    print("uncaught case: no error", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,12 @@ after the other in this process, in the given order (the same on every
 worker), each with its own strategy, model and optimizer, from
 `keras.utils.set_random_seed`, into `<out_dir>/<name>/worker<i>.npz`; then
 the worker prints one line `MW {"worker": i, "results": [names...]}` (for
-tests/multi_worker_job.py).
+tests/multi_worker_job.py). A run with `--expect_error CLASS` (a class of
+`tf.errors`, e.g. the step-mismatch error) must raise that error: the worker
+catches TF's errors for that run only and writes `{"error": the class name,
+"message": its text}` (both null if nothing was raised) to
+`<out_dir>/<name>/worker<i>.json` instead of the results, then goes on (the
+test checks the class: another error fails that test, not the others').
 """
 
 import argparse
@@ -68,6 +73,10 @@ def _parser():
   p.add_argument("--scenarios", type=json.loads, default=None,
                  help="JSON {name: [arguments]}: runs each, in order, into "
                       "<out_dir>/<name> (the other arguments are ignored).")
+  p.add_argument("--expect_error", default=None,
+                 help="With --scenarios, in a run's arguments: the class of "
+                      "tf.errors the run must raise; TF's errors are caught "
+                      "and recorded in <out_dir>/worker<i>.json.")
   return p
 
 
@@ -85,14 +94,39 @@ def main():
   if args.scenarios is None:
     _run(args)
     return 0
-  worker = None
+  worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
   for name, scenario in args.scenarios.items():
     print(f"scenario {name}", flush=True)
-    worker = _run(parser.parse_args(
-        list(scenario) + ["--out_dir", os.path.join(args.out_dir, name)]))
+    run_args = parser.parse_args(
+        list(scenario) + ["--out_dir", os.path.join(args.out_dir, name)])
+    if run_args.expect_error is None:
+      _run(run_args)
+    else:
+      _run_expecting_error(run_args, worker)
   print("MW " + json.dumps({"worker": worker,
                             "results": list(args.scenarios)}), flush=True)
   return 0
+
+
+def _run_expecting_error(args, worker):
+  """Runs `args`, which must raise `tf.errors.<args.expect_error>`.
+
+  Writes the class name and text of the `tf.errors.OpError` it raised
+  (`None` for both if it raised none) to `<args.out_dir>/worker<worker>.json`
+  for the test to check. Any other exception propagates.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  expected = getattr(tf.errors, args.expect_error)
+  try:
+    _run(args)
+    outcome = {"error": None, "message": None}
+  except tf.errors.OpError as e:
+    outcome = {"error": type(e).__name__, "message": str(e)}
+    print(f"{'expected' if isinstance(e, expected) else 'UNEXPECTED'} "
+          f"{outcome['error']} caught", flush=True)
+  os.makedirs(args.out_dir, exist_ok=True)
+  with open(os.path.join(args.out_dir, f"worker{worker}.json"), "w") as f:
+    json.dump(outcome, f)
 
 
 def _run(args):
