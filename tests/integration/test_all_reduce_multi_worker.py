@@ -391,17 +391,22 @@ def test_workers_at_different_steps_fail_naming_both_steps(jobs):
 
   The check of the stamps reduced with the scales fails alike on every
   worker (each sees the same reduction), naming the largest and the
-  smallest step; each worker catches the error and reports it.
+  smallest step; each worker catches the error and reports it. A worker
+  may report instead the cancellation of a collective of the same step that
+  the error aborted on its peer; at least one names the steps.
   """
   results = jobs["step_offset"].results()
   assert len(results) == 2
   for i, r in enumerate(results):
     assert "weights" not in r, (i, r)  # Nobody finished its training.
-    assert r["error"] == "InvalidArgumentError", (i, r)
-    message = r["message"]
-    assert "workers disagree on the compression step" in message, (i, message)
+    assert r["error"] in ("InvalidArgumentError", "CancelledError"), (i, r)
+  named = [r["message"] for r in results
+           if r["error"] == "InvalidArgumentError"]
+  assert named, results
+  for message in named:
+    assert "workers disagree on the compression step" in message, message
     assert (f"the largest step is] [{STEP_OFFSET}] [and the smallest] [0]"
-            in message), (i, message)
+            in message), message
 
 
 @pytest.mark.parametrize("name, unchunked", [("chunks_ag", "auto2"),

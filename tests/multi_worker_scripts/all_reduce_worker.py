@@ -24,8 +24,9 @@ until the launcher stops them.
 `--step_offset k`: worker 1 adds `k` to its compression step before
 training, so the workers' steps disagree at the first exchange.
 
-`--expect_error Name`: the training must raise `tf.errors.Name` (on every
-worker: the test checks each); the worker catches it and the scenario's
+`--expect_error Name`: the training must raise `tf.errors.Name` (the test
+checks the workers'); the worker catches it, or the `CancelledError` of a
+collective of the same step that the error aborted, and the scenario's
 results are `{"error": its class name, "message": its message}` (an
 error of another class still ends the process). A failed step may leave
 the process's collectives aborted, so such a scenario must be the last of
@@ -170,7 +171,9 @@ def _run(args, worker):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   try:
     results = _train(args, worker)
-  except getattr(tf.errors, args.expect_error) as e:
+  except (getattr(tf.errors, args.expect_error),
+          tf.errors.CancelledError) as e:
+    # Or a collective of the same step that the error cancelled.
     return {"error": type(e).__name__, "message": str(e)}
   return dict(results, error=None)  # Nothing raised: the test fails.
 
