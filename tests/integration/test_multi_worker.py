@@ -12,12 +12,13 @@ the file in the background (`shared`, through
 `multi_worker_job.MultiWorkerJob`): each worker process runs every run of
 `SCENARIOS` one after the other, each with its own strategy, model and
 results directory, and each test reads its run's results. The last run,
-workers at different steps (`DIFFERENT_STEPS`), must fail: its step-mismatch
-error is raised on every worker as a Python exception
-(`tf.errors.InvalidArgumentError`), which the worker catches (TF's errors,
-for that run only) and records (class and message) as the run's result. The killed worker
-of the backup test is a job of its own (then resumed in another, against the
-shared job's uninterrupted run), as are the bad-`TF_CONFIG` and
+workers at different steps (`DIFFERENT_STEPS`), must fail: its step
+raises on every worker, the step-mismatch error
+(`tf.errors.InvalidArgumentError`) or, on a peer, the cancellation of a
+collective of the same step; the worker catches TF's errors (for that run
+only) and records their class and message as the run's result. The killed
+worker of the backup test is a job of its own (then resumed in another,
+against the shared job's uninterrupted run), as are the bad-`TF_CONFIG` and
 missing-worker processes and the example (run as users run it).
 
 The dither's base seed is `[seed, engine.SEED_TAG]` since the exchange engine
