@@ -92,10 +92,7 @@ class CollectiveAllGatherTransport(base.Transport):
                                  fingerprint)
     row_words = max(words)
     with tf.device(self._device):
-      header = tf.stack([
-          tf.constant(MAGIC, tf.int32), tf.constant(sender, tf.int32),
-          tf.cast(step, tf.int32), tf.constant(words[sender], tf.int32),
-          tf.constant(fingerprint, tf.int32)])
+      header = self._header(sender, step, words[sender], fingerprint)
       row = tf.concat([header, wire, tf.zeros([row_words - words[sender]],
                                               tf.int32)], axis=0)
       gathered = self._all_gather(row)
@@ -112,14 +109,19 @@ class CollectiveAllGatherTransport(base.Transport):
                              steps=rows[:, 2], local_sender=sender,
                              checks=checks)]
 
+  def _header(self, sender, step, length, fingerprint):
+    """A row's `HEADER_WORDS`: magic, sender, step, length, fingerprint."""
+    return tf.stack([
+        tf.constant(MAGIC, tf.int32), tf.constant(sender, tf.int32),
+        tf.cast(step, tf.int32), tf.cast(length, tf.int32),
+        tf.constant(fingerprint, tf.int32)])
+
   def _exchange_used(self, sender, wire, used, words, step, fingerprint):
     """The two rounds of a variable-length payload (the module's doc)."""
     p = self._num_workers
     with tf.device(self._device):
       used = tf.cast(used, tf.int32)
-      header = tf.stack([
-          tf.constant(MAGIC, tf.int32), tf.constant(sender, tf.int32),
-          tf.cast(step, tf.int32), used, tf.constant(fingerprint, tf.int32)])
+      header = self._header(sender, step, used, fingerprint)
       headers = tf.reshape(self._all_gather(header), [p, HEADER_WORDS])
       # Sender order, whatever order the collective delivered; the second
       # round's rows come in the same order (same group, same ranks).

@@ -150,13 +150,9 @@ class CollectiveAllToAllTransport:
     with tf.device(self._device):
       rows = []
       for j, wire in enumerate(wires):
-        header = tf.stack([
-            tf.constant(SCATTER_MAGIC, tf.int32),
-            tf.constant(sender, tf.int32), tf.constant(j, tf.int32),
-            tf.cast(step, tf.int32), tf.constant(fingerprint, tf.int32)])
         rows.append(tf.concat(
-            [header, wire, tf.zeros([width - words[sender][j]], tf.int32)],
-            axis=0))
+            [self._header(sender, j, step, fingerprint), wire,
+             tf.zeros([width - words[sender][j]], tf.int32)], axis=0))
       received = self._all_to_all(tf.stack(rows, axis=0))
       received = tf.reshape(received, [p, SCATTER_HEADER_WORDS + width])
       # Sender order, whatever rank order the collective used.
@@ -173,6 +169,7 @@ class CollectiveAllToAllTransport:
                              local_sender=self._worker_id, checks=checks)]
 
   def _header(self, sender, shard, step, fingerprint):
+    """A row's `SCATTER_HEADER_WORDS`: magic, sender, shard, step, print."""
     return tf.stack([
         tf.constant(SCATTER_MAGIC, tf.int32), tf.constant(sender, tf.int32),
         tf.constant(shard, tf.int32), tf.cast(step, tf.int32),
